@@ -1,0 +1,103 @@
+"""Argument checks shared by the trainers: clear errors before any training."""
+
+from typing import Optional, Union
+
+import numpy as np
+
+
+def positive_int(name: str, value: object) -> int:
+    """Returns ``value`` if it is a positive int.
+
+    Args:
+        name: The argument's name, used in the error message.
+        value: The value to check.
+
+    Returns:
+        ``value`` as an ``int``.
+
+    Raises:
+        ValueError: if ``value`` is not a positive int (bools are rejected too).
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be a positive int, got {value!r}.")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}.")
+    return int(value)
+
+
+def optional_positive_int(name: str, value: object) -> Optional[int]:
+    """Like :func:`positive_int`, but lets ``None`` through.
+
+    Args:
+        name: The argument's name, used in the error message.
+        value: The value to check.
+
+    Returns:
+        ``None`` or ``value`` as an ``int``.
+    """
+    return None if value is None else positive_int(name, value)
+
+
+def minibatch_within_batch(
+    minibatch_name: str,
+    minibatch_size: Optional[int],
+    batch_name: str,
+    batch_size: int,
+) -> None:
+    """Checks that a minibatch is no larger than its batch.
+
+    Args:
+        minibatch_name: The minibatch argument's name.
+        minibatch_size: Its value (``None`` means the whole batch).
+        batch_name: The batch argument's name.
+        batch_size: Its value.
+
+    Raises:
+        ValueError: if ``minibatch_size > batch_size``.
+    """
+    if minibatch_size is not None and minibatch_size > batch_size:
+        raise ValueError(
+            f"{minibatch_name}={minibatch_size} must not exceed "
+            f"{batch_name}={batch_size}.",
+        )
+
+
+def positive_finite_float(name: str, value: object) -> float:
+    """Returns ``value`` as a float if it is finite and positive.
+
+    Args:
+        name: The argument's name, used in the error message.
+        value: The value to check.
+
+    Returns:
+        ``value`` as a ``float``.
+
+    Raises:
+        ValueError: if ``value`` is not a finite positive number.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        raise ValueError(f"{name} must be a positive number, got {value!r}.")
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
+    return float(value)
+
+
+def forward_size_arg(value: object) -> Union[int, str]:
+    """Checks the ``forward_size`` argument: a positive int or ``"auto"``.
+
+    Args:
+        value: The value to check.
+
+    Returns:
+        The value.
+
+    Raises:
+        ValueError: if the value is neither a positive int nor ``"auto"``.
+    """
+    if value == "auto":
+        return "auto"
+    if isinstance(value, str):
+        raise ValueError(
+            f"forward_size must be a positive int or 'auto', got {value!r}."
+        )
+    return positive_int("forward_size", value)

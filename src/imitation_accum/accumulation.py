@@ -1,0 +1,403 @@
+"""The accumulate-then-step loop shared by every trainer of the package.
+
+One optimizer step sees a *batch* of items (fragment pairs, or transitions); the
+batch is cut into *chunks* and each chunk runs one forward/backward. The loss of a
+chunk is the **sum** of its items' losses divided by the number of items in the
+batch, so that uneven chunks are weighted by their size and the accumulated gradient
+is the full-batch gradient, whatever the split. Everything that must happen once
+per batch happens after the last chunk: the regularizer, clipping, the optimizer
+step. A step that fails leaves no trace.
+
+The engine knows nothing about fragments or discriminators: a task supplies the
+forward of a chunk and the loss of a chunk's outputs (see :class:`AccumulationTask`).
+"""
+
+import contextlib
+import dataclasses
+import time
+from typing import (
+    Dict,
+    Generic,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Protocol,
+    Sequence,
+    TypeVar,
+)
+
+import numpy as np
+import torch as th
+from imitation.regularization import regularizers
+from imitation.util import networks
+from torch import nn
+
+from imitation_accum import normalization, observability
+
+ChunkT = TypeVar("ChunkT")
+ChunkT_contra = TypeVar("ChunkT_contra", contravariant=True)
+
+
+class ChunkLoss(NamedTuple):
+    """What a task computes from one chunk's reward-net outputs."""
+
+    loss_sum: th.Tensor
+    """Sum of the chunk's per-item losses (a scalar that carries gradient)."""
+    item_losses: th.Tensor
+    """The per-item losses, detached."""
+    metric_sums: Mapping[str, th.Tensor]
+    """Detached metrics summed over the chunk's items (divided by the batch's
+    item count to give full-batch means)."""
+
+
+class AccumulationTask(Protocol[ChunkT_contra]):
+    """The model-specific half of a step: what a chunk computes."""
+
+    def forward(self, chunk: ChunkT_contra) -> th.Tensor:
+        """Runs every reward-net call of ``chunk`` and returns their outputs."""
+
+    def loss(self, chunk: ChunkT_contra, outputs: th.Tensor) -> ChunkLoss:
+        """Computes the chunk's item losses from its outputs."""
+
+
+@dataclasses.dataclass
+class StepResult:
+    """Full-batch figures of one optimizer step."""
+
+    loss: float
+    """Mean per-item loss over the batch (before regularization)."""
+    item_losses: np.ndarray
+    """Per-item losses, in batch order."""
+    metrics: Dict[str, float]
+    """Each task metric summed over the batch, divided by the batch's item count."""
+    grad_norm: float
+    """Total gradient norm before clipping (after the regularizer)."""
+    n_items: int
+    n_minibatches: int
+    seconds: float
+    peak_memory_bytes: int
+
+
+@dataclasses.dataclass
+class EvaluationResult:
+    """Full-batch figures of a no-grad evaluation."""
+
+    loss: float
+    item_losses: np.ndarray
+    metrics: Dict[str, float]
+
+
+class _RngState:
+    """The torch RNG states a step may consume (dropout), for restoring."""
+
+    def __init__(self, device: th.device) -> None:
+        self.cpu = th.get_rng_state()
+        self.cuda = th.cuda.get_rng_state(device) if device.type == "cuda" else None
+        self.device = device
+
+    def restore(self) -> None:
+        th.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            th.cuda.set_rng_state(self.cuda, self.device)
+
+
+def forked_rng(device: th.device) -> contextlib.AbstractContextManager:
+    """Runs a block with the torch RNG of ``device`` restored afterwards."""
+    devices = [device.index or 0] if device.type == "cuda" else []
+    return th.random.fork_rng(devices=devices)
+
+
+class GradientAccumulator(Generic[ChunkT]):
+    """Accumulates gradients over chunks and steps once per batch.
+
+    Args:
+        net: The reward net every reward-net call invokes; its
+            ``RunningNorm``/``EMANorm`` layers get full-batch statistics.
+        optimizer: The optimizer to step once per batch.
+        regularizer: imitation regularizer applied once per step, after the last
+            chunk (``regularize_and_backward`` is called with the batch's loss).
+        max_grad_norm: If given, the total gradient norm is clipped to it once per
+            step.
+
+    Raises:
+        ValueError: if ``net`` holds a layer that couples the items of a batch.
+
+    Example:
+        >>> engine = GradientAccumulator(net, optimizer)  # doctest: +SKIP
+        >>> result = engine.step(  # doctest: +SKIP
+        ...     task, chunks, n_items=32, net_calls=4
+        ... )
+        >>> result.loss, result.grad_norm  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        optimizer: th.optim.Optimizer,
+        *,
+        regularizer: Optional[regularizers.Regularizer] = None,
+        max_grad_norm: Optional[float] = None,
+    ) -> None:
+        self.net = net
+        self.optimizer = optimizer
+        self.regularizer = regularizer
+        self.max_grad_norm = max_grad_norm
+        self.norms = normalization.NormReplay(net)
+        self.n_steps = 0
+
+    @property
+    def params(self) -> List[th.Tensor]:
+        """The parameters the optimizer updates."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    @property
+    def device(self) -> th.device:
+        """The device of the net's parameters."""
+        for p in self.net.parameters():
+            return p.device
+        return th.device("cpu")
+
+    def step(
+        self,
+        task: AccumulationTask[ChunkT],
+        chunks: Sequence[ChunkT],
+        *,
+        n_items: int,
+        net_calls: int,
+    ) -> StepResult:
+        """Runs one optimizer step over ``chunks``.
+
+        Args:
+            task: Computes each chunk's outputs and loss.
+            chunks: The batch, split; each item of the batch is in one chunk.
+            n_items: Items in the whole batch (the loss divisor).
+            net_calls: Reward-net calls the step makes in all; with a single call
+                norm layers update themselves, as in the reference forward.
+
+        Returns:
+            The step's full-batch figures.
+
+        Raises:
+            FloatingPointError: if the loss or the gradient is not finite; the
+                parameters, norm buffers, optimizer state and torch RNG state are
+                then as they were before the step.
+        """
+        device = self.device
+        start = time.perf_counter()
+        observability.reset_peak_memory(device)
+        self.optimizer.zero_grad(set_to_none=True)
+        norm_snapshot = self.norms.snapshot()
+        rng_snapshot = _RngState(device)
+        try:
+            result = self._step(task, chunks, n_items=n_items, net_calls=net_calls)
+        except BaseException:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.norms.restore(norm_snapshot)
+            rng_snapshot.restore()
+            raise
+        observability.synchronize(device)
+        result.seconds = time.perf_counter() - start
+        result.peak_memory_bytes = observability.peak_memory_bytes(device)
+        self.n_steps += 1
+        return result
+
+    def _step(
+        self,
+        task: AccumulationTask[ChunkT],
+        chunks: Sequence[ChunkT],
+        *,
+        n_items: int,
+        net_calls: int,
+    ) -> StepResult:
+        stats = None
+        if self.norms.active and net_calls > 1:
+            stats = self._gather_norm_statistics(task, chunks)
+        replay = self.norms.replaying(stats) if stats else contextlib.nullcontext()
+        loss_sums: List[th.Tensor] = []
+        item_losses: List[th.Tensor] = []
+        metric_sums: Dict[str, th.Tensor] = {}
+        with replay:
+            for index, chunk in enumerate(chunks):
+                with self._chunk_context(index, len(chunks)):
+                    out = task.loss(chunk, task.forward(chunk))
+                    self._backward(out.loss_sum / n_items)
+                loss_sums.append(out.loss_sum.detach())
+                item_losses.append(out.item_losses)
+                for name, value in out.metric_sums.items():
+                    metric_sums[name] = metric_sums.get(name, 0) + value
+        losses = th.stack(loss_sums)
+        total = float(self._global_sum(losses.sum()))
+        if not np.isfinite(total):
+            bad = int(th.nonzero(~th.isfinite(losses))[0, 0])
+            raise FloatingPointError(
+                f"non-finite loss at step {self.n_steps} in minibatch {bad} of "
+                f"{len(chunks)}; the step was discarded",
+            )
+        if self.regularizer is not None:
+            self._check_finite_grads(len(chunks))
+        if stats is not None:
+            self.norms.commit(stats)
+        mean_loss = total / n_items
+        self._regularize(mean_loss)
+        grad_norm = self._clip_and_measure()
+        if not np.isfinite(grad_norm):
+            raise FloatingPointError(
+                f"non-finite gradient norm at step {self.n_steps} after "
+                f"{len(chunks)} minibatches; the step was discarded",
+            )
+        self.optimizer.step()
+        return StepResult(
+            loss=mean_loss,
+            item_losses=th.cat(item_losses).cpu().numpy(),
+            metrics={
+                k: float(self._global_sum(th.as_tensor(v))) / n_items
+                for k, v in metric_sums.items()
+            },
+            grad_norm=grad_norm,
+            n_items=n_items,
+            n_minibatches=len(chunks),
+            seconds=0.0,
+            peak_memory_bytes=0,
+        )
+
+    def _gather_norm_statistics(
+        self,
+        task: AccumulationTask[ChunkT],
+        chunks: Sequence[ChunkT],
+    ) -> normalization.ReplayedStatistics:
+        """No-grad pre-pass(es) giving every norm call its full-batch statistics.
+
+        A layer whose input depends on another norm layer's output needs the
+        pre-pass repeated until the gathered moments stop changing; whether the
+        net is like that is learnt on the first step by running a second pass.
+        """
+        provisional = None
+        previous: Optional[normalization.CallMoments] = None
+        passes = 0
+        while True:
+            with (
+                th.no_grad(),
+                forked_rng(self.device),
+                self.norms.gathering(provisional) as moments,
+            ):
+                for chunk in chunks:
+                    task.forward(chunk)
+            moments = self._all_reduce_moments(moments)
+            stats = self.norms.replay(moments)
+            passes += 1
+            if self.norms.chained is False:
+                return stats
+            if previous is not None and normalization.moments_equal(previous, moments):
+                if self.norms.chained is None:
+                    self.norms.chained = passes > 2
+                return stats
+            if passes > 1 + sum(len(calls) for calls in moments):
+                raise RuntimeError(
+                    "norm layer statistics did not settle: the inputs of the norm "
+                    "layers keep changing between identical pre-passes",
+                )
+            previous, provisional = moments, stats.per_call
+
+    # Hooks for scale-out and mixed precision: the single-process, full-precision
+    # behaviour is the default; subclasses override.
+
+    def _chunk_context(
+        self, index: int, n_chunks: int
+    ) -> contextlib.AbstractContextManager:
+        """Context for chunk ``index``'s forward/backward (DDP: ``no_sync``)."""
+        del index, n_chunks
+        return contextlib.nullcontext()
+
+    def _backward(self, loss: th.Tensor) -> None:
+        """Backpropagates one chunk's share of the batch loss."""
+        loss.backward()
+
+    def _global_sum(self, value: th.Tensor) -> th.Tensor:
+        """Sums a per-process figure over all processes of a step."""
+        return value
+
+    def _all_reduce_moments(
+        self,
+        moments: normalization.CallMoments,
+    ) -> normalization.CallMoments:
+        """Merges norm-input moments gathered by every process."""
+        return moments
+
+    def _check_finite_grads(self, n_chunks: int) -> None:
+        norm = _total_norm(self.params)
+        if not th.isfinite(norm):
+            raise FloatingPointError(
+                f"non-finite gradient at step {self.n_steps} after {n_chunks} "
+                "minibatches; the step was discarded",
+            )
+
+    def _regularize(self, mean_loss: float) -> None:
+        if self.regularizer is None:
+            return
+        saved = None
+        if not isinstance(self.regularizer, regularizers.LossRegularizer):
+            # Weight regularizers edit parameters in place; keep them for rollback.
+            saved = [p.detach().clone() for p in self.params]
+        try:
+            # A leaf standing for the batch loss: loss regularizers add their
+            # penalty to it and backpropagate once; weight regularizers call
+            # backward on it (a no-op for the parameters) and decay the weights.
+            batch_loss = th.tensor(mean_loss, device=self.device, requires_grad=True)
+            self.regularizer.regularize_and_backward(batch_loss)
+        except BaseException:
+            if saved is not None:
+                with th.no_grad():
+                    for p, old in zip(self.params, saved):
+                        p.copy_(old)
+            raise
+
+    def _clip_and_measure(self) -> float:
+        if self.max_grad_norm is not None:
+            grads = [p for p in self.params if p.grad is not None]
+            if not grads:
+                return 0.0
+            return float(th.nn.utils.clip_grad_norm_(grads, self.max_grad_norm))
+        return float(_total_norm(self.params))
+
+    def evaluate(
+        self,
+        task: AccumulationTask[ChunkT],
+        chunks: Sequence[ChunkT],
+        *,
+        n_items: int,
+    ) -> EvaluationResult:
+        """Full-batch loss and metrics without gradient, in evaluation mode.
+
+        Evaluation mode freezes norm statistics and disables dropout, so the
+        figures do not depend on how the items are split into chunks.
+
+        Args:
+            task: Computes each chunk's outputs and loss.
+            chunks: The items to evaluate, split.
+            n_items: Items in all chunks.
+
+        Returns:
+            Mean loss, per-item losses and mean metrics.
+        """
+        item_losses: List[th.Tensor] = []
+        metric_sums: Dict[str, th.Tensor] = {}
+        with th.no_grad(), networks.evaluating(self.net):
+            for chunk in chunks:
+                out = task.loss(chunk, task.forward(chunk))
+                item_losses.append(out.item_losses)
+                for name, value in out.metric_sums.items():
+                    metric_sums[name] = metric_sums.get(name, 0) + value
+        losses = th.cat(item_losses).cpu().numpy()
+        return EvaluationResult(
+            loss=float(losses.sum()) / n_items,
+            item_losses=losses,
+            metrics={k: float(v) / n_items for k, v in metric_sums.items()},
+        )
+
+
+def _total_norm(params: Sequence[th.Tensor]) -> th.Tensor:
+    grads = [p.grad.detach() for p in params if p.grad is not None]
+    if not grads:
+        return th.zeros(())
+    return th.linalg.vector_norm(th.stack([th.linalg.vector_norm(g) for g in grads]))
