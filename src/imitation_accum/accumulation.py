@@ -52,7 +52,11 @@ class ChunkLoss(NamedTuple):
 
 
 class AccumulationTask(Protocol[ChunkT_contra]):
-    """The model-specific half of a step: what a chunk computes."""
+    """The model-specific half of a step: what a chunk computes.
+
+    A task may also define ``metric_names``, the keys of its ``metric_sums``, so
+    that a process with no items in a step still reports them.
+    """
 
     def forward(self, chunk: ChunkT_contra) -> th.Tensor:
         """Runs every reward-net call of ``chunk`` and returns their outputs."""
@@ -217,6 +221,7 @@ class GradientAccumulator(Generic[ChunkT]):
         loss_sums: List[th.Tensor] = []
         item_losses: List[th.Tensor] = []
         metric_sums: Dict[str, th.Tensor] = {}
+        task_metrics = getattr(task, "metric_names", ())
         with replay:
             for index, chunk in enumerate(chunks):
                 with self._chunk_context(index, len(chunks)):
@@ -226,12 +231,17 @@ class GradientAccumulator(Generic[ChunkT]):
                 item_losses.append(out.item_losses)
                 for name, value in out.metric_sums.items():
                     metric_sums[name] = metric_sums.get(name, 0) + value
-        losses = th.stack(loss_sums)
+        if not chunks:
+            self._join_without_items()
+        losses = th.stack(loss_sums) if loss_sums else th.zeros(0, device=self.device)
         total = float(self._global_sum(losses.sum()))
         if not np.isfinite(total):
-            bad = int(th.nonzero(~th.isfinite(losses))[0, 0])
+            if not th.isfinite(losses).all():
+                bad = f"minibatch {int(th.nonzero(~th.isfinite(losses))[0, 0])}"
+            else:
+                bad = "another process's minibatch"
             raise FloatingPointError(
-                f"non-finite loss at step {self.n_steps} in minibatch {bad} of "
+                f"non-finite loss at step {self.n_steps} in {bad} of "
                 f"{len(chunks)}; the step was discarded",
             )
         if self.regularizer is not None:
@@ -249,11 +259,8 @@ class GradientAccumulator(Generic[ChunkT]):
         self.optimizer.step()
         return StepResult(
             loss=mean_loss,
-            item_losses=th.cat(item_losses).cpu().numpy(),
-            metrics={
-                k: float(self._global_sum(th.as_tensor(v))) / n_items
-                for k, v in metric_sums.items()
-            },
+            item_losses=_concat(item_losses),
+            metrics=self._global_means(metric_sums, task_metrics, n_items),
             grad_norm=grad_norm,
             n_items=n_items,
             n_minibatches=len(chunks),
@@ -316,6 +323,24 @@ class GradientAccumulator(Generic[ChunkT]):
     def _global_sum(self, value: th.Tensor) -> th.Tensor:
         """Sums a per-process figure over all processes of a step."""
         return value
+
+    def _join_without_items(self) -> None:
+        """Takes part in a step in which this process has no items (DDP)."""
+
+    def _global_means(
+        self,
+        sums: Mapping[str, th.Tensor],
+        names: Sequence[str],
+        n_items: int,
+    ) -> Dict[str, float]:
+        """Sums of every metric over all processes, divided by ``n_items``."""
+        keys = list(dict.fromkeys([*names, *sums]))
+        device = self.device
+        return {
+            k: float(self._global_sum(th.as_tensor(sums.get(k, 0.0), device=device)))
+            / n_items
+            for k in keys
+        }
 
     def _all_reduce_moments(
         self,
@@ -388,12 +413,20 @@ class GradientAccumulator(Generic[ChunkT]):
                 item_losses.append(out.item_losses)
                 for name, value in out.metric_sums.items():
                     metric_sums[name] = metric_sums.get(name, 0) + value
-        losses = th.cat(item_losses).cpu().numpy()
+        losses = _concat(item_losses)
+        total = self._global_sum(th.as_tensor(losses.sum(), dtype=th.float64))
+        task_metrics = getattr(task, "metric_names", ())
         return EvaluationResult(
-            loss=float(losses.sum()) / n_items,
+            loss=float(total) / n_items,
             item_losses=losses,
-            metrics={k: float(v) / n_items for k, v in metric_sums.items()},
+            metrics=self._global_means(metric_sums, task_metrics, n_items),
         )
+
+
+def _concat(parts: List[th.Tensor]) -> np.ndarray:
+    if not parts:
+        return np.zeros(0, dtype=np.float32)
+    return th.cat(parts).cpu().numpy()
 
 
 def _total_norm(params: Sequence[th.Tensor]) -> th.Tensor:

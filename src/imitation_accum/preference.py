@@ -153,12 +153,23 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         self._task = preference_task.task_for(preference_model)
         self._engine: Optional[accumulation.GradientAccumulator] = None
         if not self._for_ensembles:
-            self._engine = accumulation.GradientAccumulator(
-                preference_model.model,
-                self.optim,
-                regularizer=self.regularizer,
-                max_grad_norm=self.max_grad_norm,
-            )
+            self._engine = self._make_engine()
+
+    def _make_engine(self) -> accumulation.GradientAccumulator:
+        """The accumulation engine for this trainer's reward net (a hook)."""
+        return accumulation.GradientAccumulator(
+            self._preference_model.model,
+            self.optim,
+            regularizer=self.regularizer,
+            max_grad_norm=self.max_grad_norm,
+        )
+
+    def _local_items(self, indices: np.ndarray) -> np.ndarray:
+        """The share of ``indices`` this process computes (a hook: all of them).
+
+        Losses are always divided by the size of the whole batch.
+        """
+        return indices
 
     @property
     def logger(self) -> imit_logger.HierarchicalLogger:
@@ -220,18 +231,19 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                     self.batch_size,
                     self.drop_last,
                 )
-                epoch_losses = []
+                epoch_loss_sum, epoch_items = 0.0, 0
                 with self.logger.add_key_prefix(f"epoch-{epoch_num}"):
                     for batch in batches:
                         with self.logger.add_key_prefix("train"):
                             result = self._train_step(pairs, preferences, batch)
-                        epoch_losses.append(result.item_losses)
+                        epoch_loss_sum += result.loss * result.n_items
+                        epoch_items += result.n_items
                         progress.update()
                         if time.perf_counter() - last_postfix > 0.5:
                             last_postfix = time.perf_counter()
                             progress.set_postfix(_postfix(result), refresh=False)
                     if val_idx is not None:
-                        train_loss = float(np.concatenate(epoch_losses).mean())
+                        train_loss = epoch_loss_sum / epoch_items
                         self._update_regularizer(
                             pairs, preferences, val_idx, train_loss
                         )
@@ -243,10 +255,10 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         preferences: np.ndarray,
         batch: np.ndarray,
     ) -> accumulation.StepResult:
-        batch_pairs = [pairs[i] for i in batch]
-        batch_prefs = preferences[batch]
-        chunks = self._make_chunks(batch_pairs, batch_prefs)
-        self._resolve_forward_size(chunks[0])
+        local = self._local_items(batch)
+        chunks = self._make_chunks([pairs[i] for i in local], preferences[local])
+        if chunks:
+            self._resolve_forward_size(chunks[0])
         fs = self._task.forward_size
         net_calls = sum(planning.n_calls(c.layout.n_transitions, fs) for c in chunks)
         result = self.engine.step(
@@ -257,7 +269,10 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         )
         self.logger.record("loss", result.loss)
         self.logger.record("accuracy", result.metrics["accuracy"])
-        gt_loss = self._task.ground_truth_loss(batch_pairs, batch_prefs)
+        gt_loss = self._task.ground_truth_loss(
+            [pairs[i] for i in batch],
+            preferences[batch],
+        )
         if gt_loss is not None:
             self.logger.record("gt_reward_loss", gt_loss)
         self.logger.record("grad_norm", result.grad_norm)
@@ -308,9 +323,8 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         train_loss: float,
     ) -> None:
         assert self.regularizer is not None
-        val_pairs = [pairs[i] for i in val_idx]
-        val_prefs = preferences[val_idx]
-        chunks = self._make_chunks(val_pairs, val_prefs)
+        local = self._local_items(val_idx)
+        chunks = self._make_chunks([pairs[i] for i in local], preferences[local])
         val = self.engine.evaluate(self._task, chunks, n_items=len(val_idx))
         if not (np.isfinite(val.loss) and np.isfinite(train_loss)):
             raise FloatingPointError(

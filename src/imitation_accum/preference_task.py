@@ -67,6 +67,8 @@ def probability_first_preferred(
 class PreferenceTask:
     """Forward and loss of pair chunks for one reward net.
 
+    Its metric (summed over pairs) is ``accuracy``.
+
     Args:
         net: The reward net (``preprocess`` then ``forward`` per call).
         noise_prob: As in imitation's ``PreferenceModel``.
@@ -74,6 +76,8 @@ class PreferenceTask:
         threshold: As in imitation's ``PreferenceModel``.
         forward_size: Transitions per reward-net call (set before use).
     """
+
+    metric_names = ("accuracy",)
 
     def __init__(
         self,
