@@ -149,6 +149,7 @@ class GradientAccumulator(Generic[ChunkT]):
         self.max_grad_norm = max_grad_norm
         self.norms = normalization.NormReplay(net)
         self.n_steps = 0
+        self._device: Optional[th.device] = None
 
     @property
     def params(self) -> List[th.Tensor]:
@@ -157,10 +158,13 @@ class GradientAccumulator(Generic[ChunkT]):
 
     @property
     def device(self) -> th.device:
-        """The device of the net's parameters."""
-        for p in self.net.parameters():
-            return p.device
-        return th.device("cpu")
+        """The device of the net's parameters (read once per step)."""
+        if self._device is None:
+            self._device = next(
+                (p.device for p in self.net.parameters()),
+                th.device("cpu"),
+            )
+        return self._device
 
     def step(
         self,
@@ -187,6 +191,7 @@ class GradientAccumulator(Generic[ChunkT]):
                 parameters, norm buffers, optimizer state and torch RNG state are
                 then as they were before the step.
         """
+        self._device = None  # the net may have moved since the last step
         device = self.device
         start = time.perf_counter()
         observability.reset_peak_memory(device)
@@ -433,4 +438,7 @@ def _total_norm(params: Sequence[th.Tensor]) -> th.Tensor:
     grads = [p.grad.detach() for p in params if p.grad is not None]
     if not grads:
         return th.zeros(())
+    total_norm = getattr(th.nn.utils, "get_total_norm", None)  # torch >= 2.6
+    if total_norm is not None:
+        return total_norm(grads)
     return th.linalg.vector_norm(th.stack([th.linalg.vector_norm(g) for g in grads]))

@@ -30,12 +30,29 @@ class FragmentLayout:
 
     fragments: Sequence[types.Trajectory]
     offsets: np.ndarray
+    dones: np.ndarray
+    """Per transition: the last one of a terminal fragment."""
 
     @classmethod
     def of(cls, fragments: Sequence[types.Trajectory]) -> "FragmentLayout":
         """Lays ``fragments`` end to end."""
         lengths = np.fromiter((len(f.acts) for f in fragments), dtype=np.int64)
-        return cls(fragments, np.concatenate([[0], np.cumsum(lengths)]))
+        terminal = np.fromiter((f.terminal for f in fragments), dtype=bool)
+        return cls.from_arrays(fragments, lengths, terminal)
+
+    @classmethod
+    def from_arrays(
+        cls,
+        fragments: Sequence[types.Trajectory],
+        lengths: np.ndarray,
+        terminal: np.ndarray,
+    ) -> "FragmentLayout":
+        """Lays ``fragments`` end to end, given their lengths and terminal flags."""
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        dones = np.zeros(offsets[-1], dtype=bool)
+        dones[offsets[1:][terminal] - 1] = True
+        return cls(fragments, offsets, dones)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -58,22 +75,29 @@ class FragmentLayout:
             ``(obs, acts, next_obs, dones)`` arrays with ``stop - start`` rows; a
             fragment's last transition is ``done`` if the fragment is terminal.
         """
-        first = int(np.searchsorted(self.offsets, start, side="right")) - 1
-        last = int(np.searchsorted(self.offsets, stop, side="left"))
+        offsets = self.offsets
+        first = int(np.searchsorted(offsets, start, side="right")) - 1
+        last = int(np.searchsorted(offsets, stop, side="left"))
+        dones = self.dones[start:stop]
+        frags = self.fragments[first:last]
+        if start == offsets[first] and stop == offsets[last]:  # whole fragments
+            frame_arrays = [types.assert_not_dictobs(f.obs) for f in frags]
+            return (
+                _cat([o[:-1] for o in frame_arrays]),
+                _cat([f.acts for f in frags]),
+                _cat([o[1:] for o in frame_arrays]),
+                dones,
+            )
         obs: List[np.ndarray] = []
         next_obs: List[np.ndarray] = []
         acts: List[np.ndarray] = []
-        dones = np.zeros(stop - start, dtype=bool)
-        for i in range(first, last):
-            frag = self.fragments[i]
-            lo = max(start, int(self.offsets[i])) - int(self.offsets[i])
-            hi = min(stop, int(self.offsets[i + 1])) - int(self.offsets[i])
+        for i, frag in enumerate(frags, start=first):
+            lo = max(start, int(offsets[i])) - int(offsets[i])
+            hi = min(stop, int(offsets[i + 1])) - int(offsets[i])
             frag_obs = types.assert_not_dictobs(frag.obs)
             obs.append(frag_obs[lo:hi])
             next_obs.append(frag_obs[lo + 1 : hi + 1])
             acts.append(frag.acts[lo:hi])
-            if frag.terminal and hi == len(frag.acts):
-                dones[int(self.offsets[i]) + hi - 1 - start] = True
         return _cat(obs), _cat(acts), _cat(next_obs), dones
 
     def discount_weights(self, discount: float) -> np.ndarray:

@@ -8,7 +8,15 @@ gives the full-batch update: see the package's exactness contract.
 
 import re
 import time
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import (
+    Any,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Type,
+    Union,
+)
 
 import numpy as np
 import torch as th
@@ -23,6 +31,7 @@ from imitation_accum import (
     _validation,
     accumulation,
     planning,
+    preference_data,
     preference_task,
     sampling,
 )
@@ -151,6 +160,8 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             else None
         )
         self._task = preference_task.task_for(preference_model)
+        self._gt_probabilities: Optional[np.ndarray] = None
+        self._forward_sizes: Dict[int, int] = {}
         self._engine: Optional[accumulation.GradientAccumulator] = None
         if not self._for_ensembles:
             self._engine = self._make_engine()
@@ -191,20 +202,20 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
 
     def _train(self, dataset: data_th.Dataset, epoch_multiplier: float = 1.0) -> None:
         """Trains for ``round(epochs * epoch_multiplier)`` epochs over ``dataset``."""
-        pairs, preferences = read_preferences(dataset)
+        table = preference_data.read_preferences(dataset)
         epochs = round(self.epochs * epoch_multiplier)
         if epochs < 1:
             raise ValueError(
                 f"round(epochs * epoch_multiplier) = round({self.epochs} * "
                 f"{epoch_multiplier}) = {epochs}: must train at least one epoch",
             )
-        train_idx = np.arange(len(pairs))
+        train_idx = np.arange(len(table))
         val_idx = None
         if self.requires_regularizer_update:
             assert self.regularizer is not None and self.regularizer.val_split
             train_idx, val_idx = sampling.split_validation(
                 self.rng,
-                len(pairs),
+                len(table),
                 self.regularizer.val_split,
             )
         steps_per_epoch = len(train_idx) // self.batch_size
@@ -215,6 +226,9 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                 f"drop_last=True with {len(train_idx)} training comparisons and "
                 f"batch_size={self.batch_size}: no batch to train on",
             )
+        self._task.refresh_device()
+        self._forward_sizes = {}
+        self._gt_probabilities = self._task.ground_truth_probabilities(table)
 
         progress = tqdm(
             total=epochs * steps_per_epoch,
@@ -235,7 +249,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                 with self.logger.add_key_prefix(f"epoch-{epoch_num}"):
                     for batch in batches:
                         with self.logger.add_key_prefix("train"):
-                            result = self._train_step(pairs, preferences, batch)
+                            result = self._train_step(table, batch)
                         epoch_loss_sum += result.loss * result.n_items
                         epoch_items += result.n_items
                         progress.update()
@@ -244,23 +258,20 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                             progress.set_postfix(_postfix(result), refresh=False)
                     if val_idx is not None:
                         train_loss = epoch_loss_sum / epoch_items
-                        self._update_regularizer(
-                            pairs, preferences, val_idx, train_loss
-                        )
+                        self._update_regularizer(table, val_idx, train_loss)
         self._record_final_values(epoch_num)
 
     def _train_step(
         self,
-        pairs: Sequence[Pair],
-        preferences: np.ndarray,
+        table: preference_data.PreferenceTable,
         batch: np.ndarray,
     ) -> accumulation.StepResult:
-        local = self._local_items(batch)
-        chunks = self._make_chunks([pairs[i] for i in local], preferences[local])
-        if chunks:
-            self._resolve_forward_size(chunks[0])
-        fs = self._task.forward_size
-        net_calls = sum(planning.n_calls(c.layout.n_transitions, fs) for c in chunks)
+        chunks = self._make_chunks(table, self._local_items(batch))
+        forward_size = self._forward_size_for(chunks[0]) if chunks else 1
+        self._task.forward_size = forward_size
+        net_calls = sum(
+            planning.n_calls(c.layout.n_transitions, forward_size) for c in chunks
+        )
         result = self.engine.step(
             self._task,
             chunks,
@@ -269,33 +280,39 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         )
         self.logger.record("loss", result.loss)
         self.logger.record("accuracy", result.metrics["accuracy"])
-        gt_loss = self._task.ground_truth_loss(
-            [pairs[i] for i in batch],
-            preferences[batch],
-        )
-        if gt_loss is not None:
+        if self._gt_probabilities is not None:
+            gt_loss = preference_task.cross_entropy(
+                self._gt_probabilities[batch],
+                table.preferences[batch],
+            )
             self.logger.record("gt_reward_loss", gt_loss)
         self.logger.record("grad_norm", result.grad_norm)
         self.logger.record("pairs_per_second", result.n_items / result.seconds)
         self.logger.record("minibatches_per_step", result.n_minibatches)
         self.logger.record("peak_memory_mib", result.peak_memory_bytes / 2**20)
-        self.logger.record("forward_size", fs)
+        self.logger.record("forward_size", forward_size)
         return result
 
     def _make_chunks(
         self,
-        pairs: Sequence[Pair],
-        preferences: np.ndarray,
+        table: preference_data.PreferenceTable,
+        indices: np.ndarray,
     ) -> List[preference_task.PairChunk]:
         return [
-            self._task.make_chunk(pairs[s], preferences[s])
-            for s in planning.plan_chunks(len(pairs), self.minibatch_size)
+            self._task.make_chunk(table, indices[s])
+            for s in planning.plan_chunks(len(indices), self.minibatch_size)
         ]
 
-    def _resolve_forward_size(self, chunk: preference_task.PairChunk) -> None:
+    def _forward_size_for(self, chunk: preference_task.PairChunk) -> int:
+        """Transitions per reward-net call for chunks like ``chunk``."""
         if self.forward_size != "auto":
-            self._task.forward_size = int(self.forward_size)
-            return
+            return int(self.forward_size)
+        n_transitions = chunk.layout.n_transitions
+        if n_transitions not in self._forward_sizes:
+            self._forward_sizes[n_transitions] = self._tune_forward_size(chunk)
+        return self._forward_sizes[n_transitions]
+
+    def _tune_forward_size(self, chunk: preference_task.PairChunk) -> int:
         net = self._task.net
         device = self._task.device
         frame = types.assert_not_dictobs(chunk.layout.fragments[0].obs)
@@ -311,20 +328,19 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                 )
 
         size = planning.tuned_forward_size(key, chunk.layout.n_transitions, time_call)
-        if size != self._task.forward_size:
-            self.logger.log(f"forward_size: {size} transitions per reward-net call")
-        self._task.forward_size = size
+        self.logger.log(f"forward_size: {size} transitions per reward-net call")
+        return size
 
     def _update_regularizer(
         self,
-        pairs: Sequence[Pair],
-        preferences: np.ndarray,
+        table: preference_data.PreferenceTable,
         val_idx: np.ndarray,
         train_loss: float,
     ) -> None:
         assert self.regularizer is not None
-        local = self._local_items(val_idx)
-        chunks = self._make_chunks([pairs[i] for i in local], preferences[local])
+        chunks = self._make_chunks(table, self._local_items(val_idx))
+        if chunks:
+            self._task.forward_size = self._forward_size_for(chunks[0])
         val = self.engine.evaluate(self._task, chunks, n_items=len(val_idx))
         if not (np.isfinite(val.loss) and np.isfinite(train_loss)):
             raise FloatingPointError(
@@ -447,41 +463,6 @@ def make_reward_trainer(
         else CrossEntropyRewardTrainer
     )
     return cls(preference_model, loss, rng=rng, **kwargs)
-
-
-def read_preferences(dataset: data_th.Dataset) -> Tuple[List[Pair], np.ndarray]:
-    """The pairs and preferences of ``dataset``, checked.
-
-    Args:
-        dataset: A ``PreferenceDataset``, or any dataset whose items are
-            ``((fragment_a, fragment_b), preference)`` (such as a ``Subset``).
-
-    Returns:
-        The pairs and their preferences (float32).
-
-    Raises:
-        ValueError: if the dataset is empty, a preference lies outside ``[0, 1]``,
-            or observations are dictionaries.
-    """
-    n = len(dataset)  # type: ignore[arg-type]
-    if n == 0:
-        raise ValueError("dataset is empty: gather some preferences before training")
-    if isinstance(dataset, pc.PreferenceDataset):
-        pairs = list(zip(dataset.fragments1, dataset.fragments2))
-        prefs = np.asarray(dataset.preferences, dtype=np.float32)
-    else:
-        items = [dataset[i] for i in range(n)]
-        pairs = [tuple(item[0]) for item in items]
-        prefs = np.asarray([item[1] for item in items], dtype=np.float32)
-    bad = np.flatnonzero(~((prefs >= 0) & (prefs <= 1)))
-    if len(bad):
-        raise ValueError(
-            f"preferences must lie in [0, 1]; dataset item {bad[0]} has "
-            f"{prefs[bad[0]]}",
-        )
-    if isinstance(pairs[0][0].obs, types.DictObs):
-        raise ValueError("dictionary observations are not supported")
-    return pairs, prefs  # type: ignore[return-value]
 
 
 def _check_preference_model(model: pc.PreferenceModel, *, ensemble: bool) -> None:

@@ -10,7 +10,7 @@ imitation's ``PreferenceModel``.
 """
 
 import dataclasses
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple, cast
 
 import numpy as np
 import torch as th
@@ -18,11 +18,12 @@ from imitation.algorithms import preference_comparisons
 from imitation.data import types
 from imitation.rewards import reward_nets
 from imitation.util import util
+from stable_baselines3.common import preprocessing
 from torch.nn import functional as F  # noqa: N812
 
-from imitation_accum import accumulation, fragments
+from imitation_accum import accumulation, fragments, preference_data
 
-Pair = Tuple[types.Trajectory, types.Trajectory]
+Pair = preference_data.Pair
 
 
 @dataclasses.dataclass
@@ -33,6 +34,8 @@ class PairChunk:
     """Fragments ``[a0, b0, a1, b1, ...]`` laid end to end."""
     preferences: th.Tensor
     """Probability that fragment ``a_i`` is preferred, on the net's device."""
+    prefers_first: th.Tensor
+    """Whether ``a_i`` is the preferred one (preference above 0.5)."""
     discounts: Optional[th.Tensor]
     """Per-transition discount weights, or ``None`` when the discount is 1."""
 
@@ -59,8 +62,11 @@ def probability_first_preferred(
     Returns:
         Probability that each first fragment is preferred.
     """
-    returns_diff = th.clip(returns_b - returns_a, -threshold, threshold)
-    model_probability = 1 / (1 + returns_diff.exp())
+    returns_diff = th.clamp(returns_b - returns_a, -threshold, threshold)
+    # sigmoid(-d) is imitation's 1 / (1 + exp(d)) in one kernel.
+    model_probability = th.sigmoid(-returns_diff)
+    if noise_prob == 0:
+        return model_probability
     return noise_prob * 0.5 + (1 - noise_prob) * model_probability
 
 
@@ -93,21 +99,45 @@ class PreferenceTask:
         self.discount_factor = discount_factor
         self.threshold = threshold
         self.forward_size = forward_size
+        # What each call runs after net.preprocess: the net, or a wrapper that
+        # forwards to it and must see every forward (DistributedDataParallel).
+        self.call_target: th.nn.Module = net
+        self.device = net.device
+        self._preprocess_owner = _stock_preprocess(net)
 
-    @property
-    def device(self) -> th.device:
-        """The reward net's device."""
-        return self.net.device
+    def refresh_device(self) -> None:
+        """Re-reads the net's device (looked up once per step, not per call)."""
+        self.device = self.net.device
 
-    def make_chunk(self, pairs: Sequence[Pair], preferences: np.ndarray) -> PairChunk:
-        """Lays out ``pairs`` and moves their preferences to the device."""
-        layout = fragments.FragmentLayout.of(fragments.pair_fragments(pairs))
+    def _net_inputs(self, obs, acts, next_obs, dones) -> Tuple[th.Tensor, ...]:
+        stock = self._preprocess_owner
+        if stock is None:
+            return self.net.preprocess(obs, acts, next_obs, dones)
+        # RewardNet.preprocess applied to tensors already on the device, minus its
+        # per-call device lookups (they dominate the cost of small MLP calls).
+        norm = stock.normalize_images
+        obs_space, act_space = stock.observation_space, stock.action_space
+        return (
+            cast(th.Tensor, preprocessing.preprocess_obs(obs, obs_space, norm)),
+            cast(th.Tensor, preprocessing.preprocess_obs(acts, act_space, norm)),
+            cast(th.Tensor, preprocessing.preprocess_obs(next_obs, obs_space, norm)),
+            dones.to(th.float32),
+        )
+
+    def make_chunk(
+        self,
+        table: preference_data.PreferenceTable,
+        indices: np.ndarray,
+    ) -> PairChunk:
+        """Lays out pairs ``indices`` of ``table``; preferences go to the device."""
+        layout = table.layout(indices)
+        preferences = table.preferences[indices]
         discounts = None
         if self.discount_factor != 1:
             weights = layout.discount_weights(self.discount_factor)
             discounts = th.as_tensor(weights, device=self.device)
         prefs = th.as_tensor(preferences, dtype=th.float32, device=self.device)
-        return PairChunk(layout, prefs, discounts)
+        return PairChunk(layout, prefs, prefs > 0.5, discounts)
 
     def call(
         self, layout: fragments.FragmentLayout, start: int, stop: int
@@ -118,13 +148,8 @@ class PreferenceTask:
         obs, acts, next_obs, dones = (
             util.safe_to_tensor(x).to(self.device) for x in layout.gather(start, stop)
         )
-        state, action, next_state, done = self.net.preprocess(
-            obs,  # type: ignore[arg-type]
-            acts,  # type: ignore[arg-type]
-            next_obs,  # type: ignore[arg-type]
-            dones,  # type: ignore[arg-type]
-        )
-        rewards = self.net(state, action, next_state, done)
+        state, action, next_state, done = self._net_inputs(obs, acts, next_obs, dones)
+        rewards = self.call_target(state, action, next_state, done)
         if rewards.shape != (stop - start,):
             raise ValueError(
                 f"reward net returned shape {tuple(rewards.shape)} for "
@@ -157,32 +182,29 @@ class PreferenceTask:
         """Per-pair cross-entropy losses and correct-prediction counts."""
         probs = self.probabilities(chunk, outputs)
         losses = F.binary_cross_entropy(probs, chunk.preferences, reduction="none")
-        correct = ((probs > 0.5) == (chunk.preferences > 0.5)).sum()
+        correct = ((probs > 0.5) == chunk.prefers_first).sum()
         return accumulation.ChunkLoss(
             loss_sum=losses.sum(),
             item_losses=losses.detach(),
             metric_sums={"accuracy": correct.detach()},
         )
 
-    def ground_truth_loss(
+    def ground_truth_probabilities(
         self,
-        pairs: Sequence[Pair],
-        preferences: np.ndarray,
-    ) -> Optional[float]:
-        """Imitation's ``gt_reward_loss``: the loss the true rewards would get.
+        table: preference_data.PreferenceTable,
+    ) -> Optional[np.ndarray]:
+        """Preference probabilities the true rewards give (``gt_reward_loss``).
 
         Args:
-            pairs: The batch's pairs.
-            preferences: Their preferences.
+            table: The dataset.
 
         Returns:
-            The mean cross-entropy of the ground-truth preference probabilities, or
-            ``None`` if some fragment has no rewards.
+            One probability per pair, or ``None`` if some fragment has no rewards.
         """
-        frags = fragments.pair_fragments(pairs)
+        frags = table.fragments(range(len(table)))
         if not all(isinstance(f, types.TrajectoryWithRew) for f in frags):
             return None
-        layout = fragments.FragmentLayout.of(frags)
+        layout = table.layout(np.arange(len(table)))
         rews = th.as_tensor(
             np.concatenate([f.rews for f in frags]),  # type: ignore[attr-defined]
             dtype=th.float32,
@@ -196,8 +218,28 @@ class PreferenceTask:
             self.noise_prob,
             self.threshold,
         )
-        target = th.as_tensor(preferences, dtype=th.float32)
-        return float(F.binary_cross_entropy(probs, target))
+        return probs.numpy()
+
+
+def cross_entropy(probabilities: np.ndarray, preferences: np.ndarray) -> float:
+    """Mean binary cross-entropy, computed as torch computes it."""
+    return float(
+        F.binary_cross_entropy(
+            th.as_tensor(probabilities, dtype=th.float32),
+            th.as_tensor(preferences, dtype=th.float32),
+        ),
+    )
+
+
+def _stock_preprocess(net: reward_nets.RewardNet) -> Optional[reward_nets.RewardNet]:
+    """The net whose unmodified ``RewardNet.preprocess`` ``net.preprocess`` runs."""
+    while True:
+        method = type(net).preprocess
+        if method is reward_nets.RewardNet.preprocess:
+            return net
+        if method is not reward_nets.RewardNetWrapper.preprocess:
+            return None
+        net = cast(reward_nets.RewardNetWrapper, net).base
 
 
 def task_for(

@@ -1,0 +1,275 @@
+"""Reward-model training speed and memory: imitation 1.0.1, this package, a floor.
+
+Three implementations train the same reward net on the same preference data:
+
+- ``imitation``: imitation 1.0.1's ``BasicRewardTrainer`` (two reward-net calls
+  per pair, one host sync per pair);
+- ``accum``: ``imitation_accum.CrossEntropyRewardTrainer`` (``forward_size="auto"``);
+- ``floor``: a bare PyTorch loop over pre-stacked tensors (segment sums, BCE,
+  accumulate, step), timed at several forward sizes; the fastest is the floor.
+
+Every configuration runs in a fresh process; time per epoch is the median over
+timed epochs after a warm-up epoch, and memory is the process's peak RSS minus its
+RSS before training. Ratios compare runs made in the same invocation.
+
+Usage::
+
+    python experiments/bench_reward_trainer.py            # all configurations
+    python experiments/bench_reward_trainer.py --quick    # fewer epochs
+"""
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch as th
+from imitation.algorithms import preference_comparisons as pc
+from imitation.data.types import TrajectoryWithRew
+from imitation.rewards.reward_nets import BasicRewardNet, CnnRewardNet
+from imitation.util import logger as imit_logger
+from torch.nn import functional as F  # noqa: N812
+
+CONFIGS = {
+    # name: (obs shape, net, pairs, fragment length, batch, minibatch)
+    "mlp": ((4,), "mlp", 64, 50, 32, 8),
+    "cnn84": ((84, 84, 4), "cnn", 16, 25, 8, 2),
+    "cnn210": ((210, 160, 3), "cnn", 4, 20, 4, 2),
+}
+N_ACTIONS = 6
+RESULTS = Path(__file__).parent / "results"
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def make_data(shape, n_pairs, length, seed=0):
+    rng = np.random.default_rng(seed)
+    image = len(shape) == 3
+
+    def frag():
+        if image:
+            obs = rng.integers(0, 256, size=(length + 1, *shape), dtype=np.uint8)
+        else:
+            obs = rng.normal(size=(length + 1, *shape)).astype(np.float32)
+        return TrajectoryWithRew(
+            obs=obs,
+            acts=rng.integers(0, N_ACTIONS, size=length),
+            infos=None,
+            terminal=False,
+            rews=rng.normal(size=length).astype(np.float32),
+        )
+
+    dataset = pc.PreferenceDataset()
+    dataset.push(
+        [(frag(), frag()) for _ in range(n_pairs)],
+        rng.integers(0, 2, size=n_pairs).astype(np.float32),
+    )
+    return dataset
+
+
+def make_net(shape, kind):
+    act_space = gym.spaces.Discrete(N_ACTIONS)
+    if kind == "mlp":
+        obs_space = gym.spaces.Box(-np.inf, np.inf, shape, np.float32)
+        return BasicRewardNet(obs_space, act_space)
+    obs_space = gym.spaces.Box(0, 255, shape, np.uint8)
+    return CnnRewardNet(obs_space, act_space)
+
+
+def time_epochs(run_epoch, epochs):
+    run_epoch()  # warm-up (and forward-size tuning)
+    times = []
+    for _ in range(epochs):
+        start = time.perf_counter()
+        run_epoch()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def worker(impl: str, config: str, epochs: int, minibatch=None, batch=None) -> dict:
+    shape, kind, n_pairs, length, batch_size, minibatch_size = CONFIGS[config]
+    batch_size = batch or batch_size
+    minibatch_size = minibatch or minibatch_size
+    th.manual_seed(0)
+    dataset = make_data(shape, n_pairs, length)
+    net = make_net(shape, kind)
+    logger = imit_logger.configure(format_strs=[])
+    extra = {}
+    baseline = rss_bytes()
+    if impl == "imitation":
+        trainer = pc.BasicRewardTrainer(
+            pc.PreferenceModel(net),
+            pc.CrossEntropyRewardLoss(),
+            rng=np.random.default_rng(0),
+            batch_size=batch_size,
+            minibatch_size=minibatch_size,
+            custom_logger=logger,
+        )
+        seconds = time_epochs(lambda: trainer.train(dataset), epochs)
+    elif impl == "accum":
+        from imitation_accum import CrossEntropyRewardTrainer
+
+        trainer = CrossEntropyRewardTrainer(
+            pc.PreferenceModel(net),
+            pc.CrossEntropyRewardLoss(),
+            rng=np.random.default_rng(0),
+            batch_size=batch_size,
+            minibatch_size=minibatch_size,
+            custom_logger=logger,
+            progress_bar=False,
+        )
+        seconds = time_epochs(lambda: trainer.train(dataset), epochs)
+        extra["forward_size"] = trainer._task.forward_size
+    elif impl == "floor":
+        best = None
+        for fs in floor_forward_sizes(kind, minibatch_size * 2 * length):
+            loop = FloorLoop(net, dataset, batch_size, minibatch_size, fs)
+            seconds = time_epochs(loop.epoch, epochs)
+            if best is None or seconds < best[0]:
+                best = (seconds, fs)
+        seconds, extra["forward_size"] = best
+    else:
+        raise ValueError(impl)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {
+        "impl": impl,
+        "config": config,
+        "batch_size": batch_size,
+        "minibatch_size": minibatch_size,
+        "seconds_per_epoch": seconds,
+        "peak_rss_mib": peak / 2**20,
+        "training_memory_mib": (peak - baseline) / 2**20,
+        **extra,
+    }
+
+
+def floor_forward_sizes(kind, chunk_transitions):
+    if kind == "mlp":
+        return [chunk_transitions]
+    sizes = [s for s in (2, 5, 10, 20, 50) if s < chunk_transitions]
+    return [*sizes, chunk_transitions]
+
+
+class FloorLoop:
+    """The hand-written loop: tensors stacked once, nothing else."""
+
+    def __init__(self, net, dataset, batch_size, minibatch_size, forward_size):
+        self.net = net
+        self.batch_size = batch_size
+        self.minibatch_size = minibatch_size
+        self.forward_size = forward_size
+        frags = [f for pair in zip(dataset.fragments1, dataset.fragments2) for f in pair]
+        self.obs = th.as_tensor(np.stack([f.obs[:-1] for f in frags]))
+        self.acts = th.as_tensor(np.stack([f.acts for f in frags]))
+        self.prefs = th.as_tensor(dataset.preferences, dtype=th.float32)
+        self.optim = th.optim.AdamW(net.parameters(), lr=1e-3)
+        self.rng = np.random.default_rng(0)
+        self.image = self.obs.dtype == th.uint8
+
+    def rewards(self, obs, acts):
+        if self.image:
+            obs = obs.float() / 255.0  # converted on the device, per call
+        onehot = F.one_hot(acts, N_ACTIONS).float()
+        return self.net(obs, onehot, obs, th.zeros(len(obs)))
+
+    def epoch(self):
+        n = len(self.prefs)
+        order = self.rng.permutation(n)
+        for b in range(0, n, self.batch_size):
+            batch = order[b : b + self.batch_size]
+            self.optim.zero_grad()
+            for m in range(0, len(batch), self.minibatch_size):
+                pairs = th.as_tensor(batch[m : m + self.minibatch_size])
+                frag_idx = th.stack([2 * pairs, 2 * pairs + 1], 1).reshape(-1)
+                obs = self.obs[frag_idx].flatten(0, 1)
+                acts = self.acts[frag_idx].flatten(0, 1)
+                rews = th.cat(
+                    [
+                        self.rewards(obs[s : s + self.forward_size], acts[s : s + self.forward_size])
+                        for s in range(0, len(obs), self.forward_size)
+                    ],
+                )
+                returns = rews.reshape(len(frag_idx), -1).sum(1).reshape(-1, 2)
+                probs = th.sigmoid(returns[:, 0] - returns[:, 1])
+                loss = F.binary_cross_entropy(probs, self.prefs[pairs], reduction="sum")
+                (loss / len(batch)).backward()
+            self.optim.step()
+
+
+def run_worker(impl, config, epochs, **kwargs) -> dict:
+    cmd = [sys.executable, __file__, "--worker", impl, config, "--epochs", str(epochs)]
+    for key, value in kwargs.items():
+        cmd += [f"--{key}", str(value)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", nargs=2, metavar=("IMPL", "CONFIG"))
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--minibatch", type=int)
+    parser.add_argument("--batch", type=int)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(*args.worker, args.epochs, args.minibatch, args.batch)))
+        return
+    epochs = 2 if args.quick else args.epochs
+    rows = []
+    for config in args.configs:
+        results = {impl: run_worker(impl, config, epochs) for impl in ("imitation", "accum", "floor")}
+        rows.append(results)
+        print(json.dumps(results), flush=True)
+    memory = []
+    if "cnn84" in args.configs:
+        for batch, minibatch in ((8, 1), (8, 2), (8, 4), (8, 8), (16, 2)):
+            memory.append(run_worker("accum", "cnn84", max(1, epochs // 2), batch=batch, minibatch=minibatch))
+            print(json.dumps(memory[-1]), flush=True)
+    write_tables(rows, memory)
+
+
+def write_tables(rows, memory) -> None:
+    lines = [
+        "| config | batch / minibatch | imitation 1.0.1 s/epoch | accum s/epoch | floor s/epoch | imitation / accum | accum / floor | accum forward_size | floor forward_size | peak RSS MiB (imitation / accum / floor) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        i, a, f = r["imitation"], r["accum"], r["floor"]
+        lines.append(
+            f"| {a['config']} | {a['batch_size']} / {a['minibatch_size']} "
+            f"| {i['seconds_per_epoch']:.3f} | {a['seconds_per_epoch']:.3f} "
+            f"| {f['seconds_per_epoch']:.3f} "
+            f"| {i['seconds_per_epoch'] / a['seconds_per_epoch']:.2f}x "
+            f"| {a['seconds_per_epoch'] / f['seconds_per_epoch']:.2f}x "
+            f"| {a.get('forward_size')} | {f.get('forward_size')} "
+            f"| {i['peak_rss_mib']:.0f} / {a['peak_rss_mib']:.0f} / {f['peak_rss_mib']:.0f} |",
+        )
+    if memory:
+        lines += [
+            "",
+            "| cnn84: batch / minibatch | training memory MiB (peak RSS - RSS before training) | s/epoch |",
+            "|---|---|---|",
+        ]
+        for m in memory:
+            lines.append(
+                f"| {m['batch_size']} / {m['minibatch_size']} "
+                f"| {m['training_memory_mib']:.0f} | {m['seconds_per_epoch']:.2f} |",
+            )
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_reward_trainer.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
