@@ -70,6 +70,45 @@ def probability_first_preferred(
     return noise_prob * 0.5 + (1 - noise_prob) * model_probability
 
 
+def preference_losses(
+    returns_a: th.Tensor,
+    returns_b: th.Tensor,
+    preferences: th.Tensor,
+    noise_prob: float,
+    threshold: float,
+) -> Tuple[th.Tensor, th.Tensor]:
+    """Per-pair cross-entropy of imitation's preference model.
+
+    The binary cross-entropy between ``preferences`` and
+    :func:`probability_first_preferred`. Without noise it is computed from the
+    logit, which is stable where the probability rounds to 0 or 1; with noise the
+    probability stays within ``[noise_prob / 2, 1 - noise_prob / 2]``. Unlike
+    ``F.binary_cross_entropy``, a non-finite return gives a non-finite loss
+    rather than an exception, so the engine can discard the step.
+
+    Args:
+        returns_a: Returns of the first fragments.
+        returns_b: Returns of the second fragments.
+        preferences: Probability that each first fragment is preferred.
+        noise_prob: Probability that a preference is uniformly random.
+        threshold: Return differences are clipped to ``[-threshold, threshold]``.
+
+    Returns:
+        The per-pair losses and the (detached) predicted probabilities.
+    """
+    if noise_prob == 0:
+        logits = -th.clamp(returns_b - returns_a, -threshold, threshold)
+        losses = F.binary_cross_entropy_with_logits(
+            logits,
+            preferences,
+            reduction="none",
+        )
+        return losses, th.sigmoid(logits.detach())
+    probs = probability_first_preferred(returns_a, returns_b, noise_prob, threshold)
+    losses = -(preferences * th.log(probs) + (1 - preferences) * th.log1p(-probs))
+    return losses, probs.detach()
+
+
 class PreferenceTask:
     """Forward and loss of pair chunks for one reward net.
 
@@ -166,22 +205,22 @@ class PreferenceTask:
         ]
         return outputs[0] if len(outputs) == 1 else th.cat(outputs)
 
-    def probabilities(self, chunk: PairChunk, rewards: th.Tensor) -> th.Tensor:
-        """Probability that each pair's first fragment is preferred."""
+    def returns(self, chunk: PairChunk, rewards: th.Tensor) -> th.Tensor:
+        """Each fragment's discounted return, ``[a0, b0, a1, b1, ...]``."""
         if chunk.discounts is not None:
             rewards = rewards * chunk.discounts
-        returns = chunk.layout.segment_sums(rewards)
-        return probability_first_preferred(
-            returns[0::2],
-            returns[1::2],
-            self.noise_prob,
-            self.threshold,
-        )
+        return chunk.layout.segment_sums(rewards)
 
     def loss(self, chunk: PairChunk, outputs: th.Tensor) -> accumulation.ChunkLoss:
         """Per-pair cross-entropy losses and correct-prediction counts."""
-        probs = self.probabilities(chunk, outputs)
-        losses = F.binary_cross_entropy(probs, chunk.preferences, reduction="none")
+        returns = self.returns(chunk, outputs)
+        losses, probs = preference_losses(
+            returns[0::2],
+            returns[1::2],
+            chunk.preferences,
+            self.noise_prob,
+            self.threshold,
+        )
         correct = ((probs > 0.5) == chunk.prefers_first).sum()
         return accumulation.ChunkLoss(
             loss_sum=losses.sum(),
