@@ -167,7 +167,9 @@ class FloorLoop:
         self.batch_size = batch_size
         self.minibatch_size = minibatch_size
         self.forward_size = forward_size
-        frags = [f for pair in zip(dataset.fragments1, dataset.fragments2) for f in pair]
+        frags = [
+            f for pair in zip(dataset.fragments1, dataset.fragments2) for f in pair
+        ]
         self.obs = th.as_tensor(np.stack([f.obs[:-1] for f in frags]))
         self.acts = th.as_tensor(np.stack([f.acts for f in frags]))
         self.prefs = th.as_tensor(dataset.preferences, dtype=th.float32)
@@ -176,12 +178,14 @@ class FloorLoop:
         self.image = self.obs.dtype == th.uint8
 
     def rewards(self, obs, acts):
+        """One reward-net call."""
         if self.image:
             obs = obs.float() / 255.0  # converted on the device, per call
         onehot = F.one_hot(acts, N_ACTIONS).float()
         return self.net(obs, onehot, obs, th.zeros(len(obs)))
 
     def epoch(self):
+        """One epoch: a fresh permutation, batches, minibatches."""
         n = len(self.prefs)
         order = self.rng.permutation(n)
         for b in range(0, n, self.batch_size):
@@ -194,7 +198,10 @@ class FloorLoop:
                 acts = self.acts[frag_idx].flatten(0, 1)
                 rews = th.cat(
                     [
-                        self.rewards(obs[s : s + self.forward_size], acts[s : s + self.forward_size])
+                        self.rewards(
+                            obs[s : s + self.forward_size],
+                            acts[s : s + self.forward_size],
+                        )
                         for s in range(0, len(obs), self.forward_size)
                     ],
                 )
@@ -228,22 +235,42 @@ def main() -> None:
     epochs = 2 if args.quick else args.epochs
     rows = []
     for config in args.configs:
-        results = {impl: run_worker(impl, config, epochs) for impl in ("imitation", "accum", "floor")}
+        results = {
+            impl: run_worker(impl, config, epochs)
+            for impl in ("imitation", "accum", "floor")
+        }
         rows.append(results)
         print(json.dumps(results), flush=True)
     memory = []
     if "cnn84" in args.configs:
         for batch, minibatch in ((8, 1), (8, 2), (8, 4), (8, 8), (16, 2)):
-            memory.append(run_worker("accum", "cnn84", max(1, epochs // 2), batch=batch, minibatch=minibatch))
+            memory.append(
+                run_worker(
+                    "accum",
+                    "cnn84",
+                    max(1, epochs // 2),
+                    batch=batch,
+                    minibatch=minibatch,
+                )
+            )
             print(json.dumps(memory[-1]), flush=True)
     write_tables(rows, memory)
 
 
 def write_tables(rows, memory) -> None:
-    lines = [
-        "| config | batch / minibatch | imitation 1.0.1 s/epoch | accum s/epoch | floor s/epoch | imitation / accum | accum / floor | accum forward_size | floor forward_size | peak RSS MiB (imitation / accum / floor) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    header = (
+        "config",
+        "batch / minibatch",
+        "imitation 1.0.1 s/epoch",
+        "accum s/epoch",
+        "floor s/epoch",
+        "imitation / accum",
+        "accum / floor",
+        "accum forward_size",
+        "floor forward_size",
+        "peak RSS MiB (imitation / accum / floor)",
+    )
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         i, a, f = r["imitation"], r["accum"], r["floor"]
         lines.append(
@@ -253,12 +280,14 @@ def write_tables(rows, memory) -> None:
             f"| {i['seconds_per_epoch'] / a['seconds_per_epoch']:.2f}x "
             f"| {a['seconds_per_epoch'] / f['seconds_per_epoch']:.2f}x "
             f"| {a.get('forward_size')} | {f.get('forward_size')} "
-            f"| {i['peak_rss_mib']:.0f} / {a['peak_rss_mib']:.0f} / {f['peak_rss_mib']:.0f} |",
+            f"| {i['peak_rss_mib']:.0f} / {a['peak_rss_mib']:.0f} "
+            f"/ {f['peak_rss_mib']:.0f} |",
         )
     if memory:
         lines += [
             "",
-            "| cnn84: batch / minibatch | training memory MiB (peak RSS - RSS before training) | s/epoch |",
+            "| cnn84: batch / minibatch | training memory MiB "
+            "(peak RSS - RSS before training) | s/epoch |",
             "|---|---|---|",
         ]
         for m in memory:
