@@ -1,0 +1,584 @@
+"""Drop-in AIRL and GAIL whose discriminator accumulates gradients exactly.
+
+:class:`AIRL` and :class:`GAIL` are imitation's trainers (same arguments and
+defaults) with a discriminator update built on the package's accumulation engine:
+one batch of ``demo_batch_size`` expert and as many generator transitions is drawn
+per step and split into minibatches of any size; the update, the
+``RunningNorm``/``EMANorm`` statistics and the logged statistics are those of the
+whole batch. The generator (``train_gen``) is imitation's, unchanged.
+
+Image observations work with a CNN policy: every frame the reward net sees is in
+the layout of the trainer's ``venv`` (``(height, width, channels)`` for gymnasium's
+Atari), as the generator replay buffer stores it; demonstrations in the other
+layout (recorded behind SB3's ``VecTransposeImage``) are brought to it. Only the
+generator policy's log-probabilities (AIRL) see frames transposed to the policy's
+own layout, as Stable-Baselines3 does for its own forward passes.
+"""
+
+from typing import (
+    Any,
+    ClassVar,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+)
+
+import gymnasium as gym
+import numpy as np
+import torch as th
+from imitation.algorithms import base
+from imitation.algorithms.adversarial import airl as imitation_airl
+from imitation.algorithms.adversarial import common
+from imitation.algorithms.adversarial import gail as imitation_gail
+from imitation.data import types
+from imitation.rewards import reward_nets
+from imitation.util import networks
+from stable_baselines3.common import base_class, preprocessing, vec_env
+
+from imitation_accum import (
+    _validation,
+    accumulation,
+    discriminator_task,
+    memory,
+    planning,
+)
+
+
+def resolve_minibatch_size(
+    demo_minibatch_size: object,
+    minibatch_size: object,
+    demo_batch_size: int,
+) -> Optional[int]:
+    """Checks ``demo_minibatch_size`` and its alias ``minibatch_size``.
+
+    Args:
+        demo_minibatch_size: imitation's name for the minibatch size.
+        minibatch_size: The alias.
+        demo_batch_size: The batch size the minibatch must not exceed.
+
+    Returns:
+        The minibatch size, or ``None`` for the whole batch.
+
+    Raises:
+        ValueError: if a given size is not a positive int, exceeds
+            ``demo_batch_size``, or the two names are given different values.
+    """
+    given = {
+        name: _validation.positive_int(name, value)
+        for name, value in (
+            ("demo_minibatch_size", demo_minibatch_size),
+            ("minibatch_size", minibatch_size),
+        )
+        if value is not None
+    }
+    if len(set(given.values())) > 1:
+        raise ValueError(
+            f"demo_minibatch_size={demo_minibatch_size!r} and "
+            f"minibatch_size={minibatch_size!r} disagree: minibatch_size is an "
+            "alias of demo_minibatch_size; give one of them.",
+        )
+    if not given:
+        return None
+    name, value = next(iter(given.items()))
+    _validation.minibatch_within_batch(name, value, "demo_batch_size", demo_batch_size)
+    return value
+
+
+def policy_observations(obs: th.Tensor, space: gym.Space) -> th.Tensor:
+    """Observations in the layout the generator policy reads.
+
+    Stable-Baselines3 wraps a CNN policy's environment in ``VecTransposeImage``, so
+    the policy reads (channels, height, width) frames while the environment, the
+    replay buffer and the demonstrations hold (height, width, channels) frames.
+
+    Args:
+        obs: A batch of observations in the environment's layout.
+        space: The policy's observation space.
+
+    Returns:
+        ``obs``, transposed to channels-first if the policy expects that.
+
+    Raises:
+        ValueError: if the observations fit the policy in neither layout.
+    """
+    shape = tuple(space.shape or ())
+    if tuple(obs.shape[1:]) == shape:
+        return obs
+    if obs.ndim == 4 and preprocessing.is_image_space(space):
+        transposed = obs.permute(0, 3, 1, 2)
+        if tuple(transposed.shape[1:]) == shape:
+            return transposed
+    raise ValueError(
+        f"observations of shape {tuple(obs.shape[1:])} do not fit the generator "
+        f"policy's observation space {shape}, even with channels moved first",
+    )
+
+
+class _AccumulatingDiscriminator(common.AdversarialTrainer):
+    """imitation's adversarial trainer with an accumulated discriminator update."""
+
+    #: Whether the discriminator reads the generator policy's log-probabilities.
+    _uses_policy_log_probs: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        demonstrations: base.AnyTransitions,
+        demo_batch_size: int,
+        venv: vec_env.VecEnv,
+        gen_algo: base_class.BaseAlgorithm,
+        reward_net: reward_nets.RewardNet,
+        demo_minibatch_size: Optional[int] = None,
+        minibatch_size: Optional[int] = None,
+        max_grad_norm: Optional[float] = None,
+        memory_budget: Optional[Any] = None,
+        **kwargs: Any,
+    ) -> None:
+        batch_size = _validation.positive_int("demo_batch_size", demo_batch_size)
+        chunk_size = resolve_minibatch_size(
+            demo_minibatch_size,
+            minibatch_size,
+            batch_size,
+        )
+        clip = (
+            None
+            if max_grad_norm is None
+            else _validation.positive_finite_float("max_grad_norm", max_grad_norm)
+        )
+        budget = memory.parse_budget(memory_budget)
+        if budget is not None and chunk_size is not None:
+            raise ValueError(
+                f"demo_minibatch_size (or minibatch_size)={chunk_size!r} and "
+                f"memory_budget={memory_budget!r} are alternatives: give one of them",
+            )
+        # imitation rejects a demo_minibatch_size that does not divide
+        # demo_batch_size; any size is exact here, so it gets None and the size is
+        # set below.
+        super().__init__(
+            demonstrations=demonstrations,
+            demo_batch_size=batch_size,
+            venv=venv,
+            gen_algo=gen_algo,
+            reward_net=reward_net,
+            demo_minibatch_size=None,
+            **kwargs,
+        )
+        self.demo_minibatch_size = chunk_size or batch_size
+        self.max_grad_norm = clip
+        self.memory_budget = budget
+        # Rows (expert and generator transition pairs) per minibatch that fit the
+        # budget, or that an out-of-memory error left; None: not limited.
+        self._budget_rows: Optional[int] = None
+        self.last_disc_result: Optional[accumulation.StepResult] = None
+        self._engine: accumulation.GradientAccumulator[
+            discriminator_task.DiscriminatorChunk
+        ] = accumulation.GradientAccumulator(
+            self._reward_net,
+            self._disc_opt,
+            max_grad_norm=clip,
+        )
+        if isinstance(budget, int):
+            needed = memory.training_state_bytes(self._disc_opt)
+            if budget < needed:
+                raise ValueError(
+                    f"memory_budget={memory.format_bytes(budget)} is smaller than "
+                    f"the {memory.format_bytes(needed)} that the discriminator's "
+                    "parameters, gradients and optimizer state need",
+                )
+
+    @property
+    def engine(
+        self,
+    ) -> accumulation.GradientAccumulator[discriminator_task.DiscriminatorChunk]:
+        """The accumulation engine stepping the discriminator."""
+        return self._engine
+
+    def _plan_disc_chunks(self) -> List[slice]:
+        """Rows of the expert (and generator) samples in each minibatch (a hook)."""
+        size = self.demo_minibatch_size
+        if self._budget_rows is not None:
+            size = min(size, self._budget_rows)
+        return planning.plan_chunks(self.demo_batch_size, size)
+
+    def _rows_in_budget(
+        self,
+        task: discriminator_task.DiscriminatorTask,
+        expert: Mapping[str, np.ndarray],
+        generated: Mapping[str, np.ndarray],
+    ) -> int:
+        """Rows per minibatch that ``memory_budget`` holds (a probe on a few rows).
+
+        Raises:
+            ValueError: if not even one row (an expert and a generator transition)
+                fits.
+        """
+        assert self.memory_budget is not None
+        device = self.reward_train.device
+        engine = self._engine
+
+        def run(n_rows: int) -> th.Tensor:
+            rows = [slice(0, n_rows)]
+            staged = discriminator_task.stage_batch(
+                {key: value[:n_rows] for key, value in expert.items()},
+                {key: value[:n_rows] for key, value in generated.items()},
+                rows,
+                keys=task.staged_keys,
+            )
+            (chunk,) = discriminator_task.make_chunks(staged, rows, device)
+            if self._uses_policy_log_probs:
+                chunk.log_policy_act_prob = self._policy_log_probs(chunk)
+            with (
+                accumulation.forked_rng(device),
+                engine.norms.frozen(),
+                engine.forward_context(grad=True),
+            ):
+                return task.forward(chunk)
+
+        frame_bytes = 4 * int(np.prod(self.venv.observation_space.shape or ()))
+        profile = memory.profile_activations(
+            run,
+            max_transitions=min(4, self.demo_batch_size),
+            params=list(self._reward_net.parameters()),
+            device=device,
+            fixed_bytes=memory.training_state_bytes(self._disc_opt),
+            # obs and next_obs as float32, for the expert and the generator row
+            input_bytes_per_transition=4 * frame_bytes,
+        )
+        budget = memory.resolve_budget(
+            self.memory_budget,
+            device,
+            memory.resident_training_bytes(self._disc_opt),
+        )
+        rows = profile.max_chunk_transitions(budget, self.demo_batch_size)
+        if rows == 0:
+            raise ValueError(
+                f"memory_budget={self.memory_budget!r} ({memory.format_bytes(budget)})"
+                " is too small: one row (an expert and a generator transition) needs"
+                f" an estimated {memory.format_bytes(profile.chunk_bytes(1, 1))}",
+            )
+        whole = self.demo_batch_size
+        self.logger.log(
+            f"memory_budget: {memory.format_bytes(budget)}; per row of an expert "
+            f"and a generator transition {profile.describe()}; minibatches of at "
+            f"most {rows} rows; the whole batch in one would need "
+            f"{memory.format_bytes(profile.chunk_bytes(whole, whole))}",
+        )
+        return rows
+
+    def _disc_samples(
+        self,
+        *,
+        expert_samples: Optional[Mapping] = None,
+        gen_samples: Optional[Mapping] = None,
+    ) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]:
+        """Draws (or checks) one step's expert and generator samples."""
+        obs_shape = tuple(self.venv.observation_space.shape or ())
+        batch_size = self.demo_batch_size
+        expert_name = "expert_samples"
+        if expert_samples is None:
+            expert_samples = self._next_expert_batch()
+            expert_name = "the demonstrations' batch"
+        expert = discriminator_task.transition_arrays(
+            expert_name,
+            expert_samples,
+            batch_size=batch_size,
+            obs_shape=obs_shape,
+        )
+        gen_name = "gen_samples"
+        if gen_samples is None:
+            if self._gen_replay_buffer.size() == 0:
+                raise RuntimeError(
+                    "No generator samples for training. Call `train_gen()` first.",
+                )
+            # One draw per step, as imitation's: the split draws nothing.
+            sampled = self._gen_replay_buffer.sample(batch_size)
+            gen_samples = types.dataclass_quick_asdict(sampled)
+            gen_name = "the generator replay buffer's sample"
+        generated = discriminator_task.transition_arrays(
+            gen_name,
+            gen_samples,
+            batch_size=batch_size,
+            obs_shape=obs_shape,
+        )
+        return expert, generated
+
+    def _policy_log_probs(
+        self,
+        chunk: discriminator_task.DiscriminatorChunk,
+    ) -> Optional[th.Tensor]:
+        """The generator policy's log-probabilities of a chunk's actions.
+
+        Computed without gradient and in evaluation mode (SB3 leaves the policy in
+        training mode after ``learn()``), so that dropout or batch-norm layers in
+        the policy cannot make them depend on the split.
+        """
+        obs, acts = chunk.raw(self.gen_algo.device, ("obs", "acts"))
+        with th.no_grad(), networks.evaluating(self.policy):
+            obs = policy_observations(obs, self.policy.observation_space)
+            log_probs = self._get_log_policy_act_prob(obs, acts)
+        if log_probs is None:
+            return None
+        return log_probs.reshape(len(obs)).to(self.reward_train.device)
+
+    def _disc_chunks(
+        self,
+        task: discriminator_task.DiscriminatorTask,
+        expert: Mapping[str, np.ndarray],
+        generated: Mapping[str, np.ndarray],
+    ) -> List[discriminator_task.DiscriminatorChunk]:
+        """The step's minibatches, with the policy's log-probabilities if used."""
+        rows = self._plan_disc_chunks()
+        devices = {self.reward_train.device.type, th.device(self.gen_algo.device).type}
+        batch = discriminator_task.stage_batch(
+            expert,
+            generated,
+            rows,
+            keys=task.staged_keys,
+            pin_memory="cuda" in devices,
+        )
+        chunks = discriminator_task.make_chunks(batch, rows, self.reward_train.device)
+        if self._uses_policy_log_probs:
+            for chunk in chunks:
+                chunk.log_policy_act_prob = self._policy_log_probs(chunk)
+        return chunks
+
+    def _disc_task(self) -> discriminator_task.DiscriminatorTask:
+        return discriminator_task.DiscriminatorTask(
+            self.logits_expert_is_high,
+            self.reward_train,
+            self._reward_net,
+        )
+
+    def train_disc(
+        self,
+        *,
+        expert_samples: Optional[Mapping] = None,
+        gen_samples: Optional[Mapping] = None,
+    ) -> Mapping[str, float]:
+        """Performs one discriminator update over one batch, in minibatches.
+
+        The update equals one step on the whole batch; the returned and logged
+        statistics describe the whole batch (same keys as imitation's).
+
+        Args:
+            expert_samples: Expert transitions (``obs``, ``acts``, ``next_obs``,
+                ``dones``; arrays or tensors), exactly ``demo_batch_size`` of them;
+                by default the next batch of the demonstrations.
+            gen_samples: Generator transitions in the same form and number; by
+                default drawn from the generator replay buffer.
+
+        Returns:
+            Statistics of the discriminator on the batch (loss, accuracy, ...).
+
+        Raises:
+            ValueError: if the samples do not hold ``demo_batch_size`` transitions
+                in the environment's observation shape (before any update).
+            RuntimeError: if no generator samples are given or buffered.
+            FloatingPointError: if the loss or gradient is not finite; the
+                discriminator is then as before the call.
+        """
+        with self.logger.accumulate_means("disc"):
+            write_summaries = self._init_tensorboard and self._global_step % 20 == 0
+            expert, generated = self._disc_samples(
+                expert_samples=expert_samples,
+                gen_samples=gen_samples,
+            )
+            task = self._disc_task()
+            if self.memory_budget is not None and self._budget_rows is None:
+                self._budget_rows = self._rows_in_budget(task, expert, generated)
+            while True:
+                chunks = self._disc_chunks(task, expert, generated)
+                try:
+                    result = self._engine.step(
+                        task,
+                        chunks,
+                        n_items=2 * self.demo_batch_size,
+                        net_calls=len(chunks),
+                    )
+                except th.OutOfMemoryError as error:
+                    # The engine undid the partial step: redo it with minibatches
+                    # half as large (raises at one row).
+                    largest = max(r.stop - r.start for r in self._plan_disc_chunks())
+                    self._budget_rows = memory.halved_chunk(
+                        largest,
+                        error,
+                        unit="row (an expert and a generator transition)",
+                    )
+                else:
+                    break
+                del chunks
+                memory.release_cached_memory(self.reward_train.device)
+                self.logger.log(
+                    "out of memory: discriminator step redone with minibatches of "
+                    f"at most {self._budget_rows} rows",
+                )
+            self._disc_step += 1
+            self.last_disc_result = result
+            train_stats = discriminator_task.batch_statistics(chunks, result.loss)
+            self.logger.record("global_step", self._global_step)
+            for key, value in train_stats.items():
+                self.logger.record(key, value)
+            self.logger.dump(self._disc_step)
+            if write_summaries:
+                logits, _ = discriminator_task.batch_logits(chunks)
+                self._summary_writer.add_histogram("disc_logits", logits)
+        return train_stats
+
+    def _make_disc_train_batches(
+        self,
+        *,
+        gen_samples: Optional[Mapping] = None,
+        expert_samples: Optional[Mapping] = None,
+    ) -> Iterator[Mapping[str, th.Tensor]]:
+        """The minibatch dictionaries of imitation's template, for any minibatch size.
+
+        ``train_disc`` does not use this; it is kept consistent for callers of
+        imitation's template method.
+
+        Args:
+            gen_samples: As in :meth:`train_disc`.
+            expert_samples: As in :meth:`train_disc`.
+
+        Yields:
+            ``state``, ``action``, ``next_state``, ``done``,
+            ``labels_expert_is_one`` and ``log_policy_act_prob`` of a minibatch.
+        """
+        expert, generated = self._disc_samples(
+            expert_samples=expert_samples,
+            gen_samples=gen_samples,
+        )
+        task = self._disc_task()
+        for chunk in self._disc_chunks(task, expert, generated):
+            state, action, next_state, done = task.inputs(chunk)
+            yield {
+                "state": state,
+                "action": action,
+                "next_state": next_state,
+                "done": done,
+                "labels_expert_is_one": chunk.labels.long(),
+                # None without log-probabilities, as in imitation's own batches.
+                "log_policy_act_prob": chunk.log_policy_act_prob,  # type: ignore[dict-item]
+            }
+
+
+class AIRL(_AccumulatingDiscriminator, imitation_airl.AIRL):
+    """Drop-in for imitation's AIRL, with an exact minibatched discriminator update.
+
+    A drop-in for imitation's ``AIRL``: the same arguments and defaults, plus
+    ``minibatch_size`` (alias), ``max_grad_norm`` and ``memory_budget``, and
+    ``demo_minibatch_size`` of any size. The generator policy's log-probabilities are
+    computed without gradient and in evaluation mode. For image observations use a
+    CNN reward net such as :class:`imitation_accum.reward_nets.CnnShapedRewardNet`.
+
+    Args:
+        demonstrations: Expert demonstrations, as in imitation.
+        demo_batch_size: Expert transitions per discriminator step.
+        venv: The vectorized environment.
+        gen_algo: The generator (a stochastic SB3 policy, such as PPO's).
+        reward_net: The reward net of the discriminator (usually shaped).
+        demo_minibatch_size: Expert transitions (and as many generator
+            transitions) per forward/backward, any value in
+            ``[1, demo_batch_size]``, divisible or not; ``None`` means the whole
+            batch. Every size gives the full-batch update.
+        minibatch_size: Alias of ``demo_minibatch_size``.
+        max_grad_norm: Clip the discriminator's gradient norm to this, once per
+            discriminator step.
+        memory_budget: Instead of ``demo_minibatch_size``: bytes, a size such as
+            ``"6GiB"``, or ``"auto"``; minibatches are sized to fit it by a probe of
+            the discriminator on a few transitions at the first discriminator
+            step (logged). On CUDA, a step that runs out of memory anyway is
+            redone with minibatches half as large.
+        **kwargs: imitation's further ``AdversarialTrainer`` arguments
+            (``n_disc_updates_per_round``, ``disc_opt_cls``, ``disc_opt_kwargs``,
+            ``custom_logger``, ...), with imitation's defaults.
+
+    Raises:
+        ValueError: if a minibatch size is not a positive int or exceeds
+            ``demo_batch_size``, the alias disagrees, ``max_grad_norm`` is not a
+            positive number, ``memory_budget`` does not parse, is smaller than
+            the discriminator's parameters, gradients and optimizer state, or is
+            given with a minibatch size, or the reward net holds a
+            batch-norm layer (which cannot be accumulated exactly).
+
+    Example:
+        >>> from imitation_accum import AIRL  # doctest: +SKIP
+        >>> trainer = AIRL(  # doctest: +SKIP
+        ...     demonstrations=transitions,
+        ...     demo_batch_size=1024,
+        ...     demo_minibatch_size=100,
+        ...     venv=venv,
+        ...     gen_algo=PPO("MlpPolicy", venv),
+        ...     reward_net=BasicShapedRewardNet(
+        ...         venv.observation_space, venv.action_space
+        ...     ),
+        ... )
+        >>> trainer.train(100_000)  # doctest: +SKIP
+    """
+
+    _uses_policy_log_probs = True
+
+
+class GAIL(_AccumulatingDiscriminator, imitation_gail.GAIL):
+    """Drop-in for imitation's GAIL, with an exact minibatched discriminator update.
+
+    A drop-in for imitation's ``GAIL``: the same arguments and defaults, plus
+    ``minibatch_size`` (alias), ``max_grad_norm`` and ``memory_budget``, and
+    ``demo_minibatch_size`` of any size. GAIL's discriminator does not read the
+    generator policy, so its log-probabilities are not computed (imitation 1.0.1
+    computes and discards them, a wasted policy forward per minibatch).
+
+    Args:
+        demonstrations: Expert demonstrations, as in imitation.
+        demo_batch_size: Expert transitions per discriminator step.
+        venv: The vectorized environment.
+        gen_algo: The generator RL algorithm.
+        reward_net: The discriminator's logits net.
+        demo_minibatch_size: Expert transitions (and as many generator
+            transitions) per forward/backward, any value in
+            ``[1, demo_batch_size]``, divisible or not; ``None`` means the whole
+            batch. Every size gives the full-batch update.
+        minibatch_size: Alias of ``demo_minibatch_size``.
+        max_grad_norm: Clip the discriminator's gradient norm to this, once per
+            discriminator step.
+        memory_budget: Instead of ``demo_minibatch_size``: bytes, a size such as
+            ``"6GiB"``, or ``"auto"``; minibatches are sized to fit it by a probe of
+            the discriminator on a few transitions at the first discriminator
+            step (logged). On CUDA, a step that runs out of memory anyway is
+            redone with minibatches half as large.
+        **kwargs: imitation's further ``AdversarialTrainer`` arguments
+            (``n_disc_updates_per_round``, ``disc_opt_cls``, ``disc_opt_kwargs``,
+            ``custom_logger``, ...), with imitation's defaults.
+
+    Raises:
+        ValueError: if a minibatch size is not a positive int or exceeds
+            ``demo_batch_size``, the alias disagrees, ``max_grad_norm`` is not a
+            positive number, ``memory_budget`` does not parse, is smaller than
+            the discriminator's parameters, gradients and optimizer state, or is
+            given with a minibatch size, or the reward net holds a
+            batch-norm layer (which cannot be accumulated exactly).
+
+    Example:
+        >>> from imitation_accum import GAIL  # doctest: +SKIP
+        >>> trainer = GAIL(  # doctest: +SKIP
+        ...     demonstrations=transitions,
+        ...     demo_batch_size=1024,
+        ...     demo_minibatch_size=96,
+        ...     venv=venv,
+        ...     gen_algo=PPO("CnnPolicy", venv),
+        ...     reward_net=CnnRewardNet(venv.observation_space, venv.action_space),
+        ... )
+        >>> trainer.train(100_000)  # doctest: +SKIP
+    """
+
+    _uses_policy_log_probs = False
+
+
+__all__ = [
+    "AIRL",
+    "GAIL",
+    "policy_observations",
+    "resolve_minibatch_size",
+]
