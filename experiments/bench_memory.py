@@ -1,0 +1,477 @@
+"""Peak memory of reward-model training on 210x160x3 frames: chunks and budgets.
+
+imitation's ``CnnRewardNet`` (32, 32 channels, 3x3 convolutions at full
+resolution) trains on random uint8 frames of Atari's raw size. Every point runs in
+a fresh process and reports:
+
+- peak memory: on a CPU the peak resident set size minus the resident set size
+  just before ``train()`` (``/proc/self/clear_refs`` resets the peak); on CUDA
+  ``torch.cuda.max_memory_allocated`` (everything PyTorch holds: parameters,
+  gradients, optimizer state, activations). The *train peak* covers the whole
+  ``train()`` call (the probe, the forward-size tuning, the planner's timing and
+  every step); the *step peak* the optimizer steps alone (the peak is reset as
+  each step starts, against the same baseline);
+- the probe's estimate for the step's largest chunk (``memory_estimate_mib``);
+- seconds per optimizer step (the median of the steps after the first).
+
+Series:
+
+- ``minibatch``: one pass, ``minibatch_size`` = 1, 2, 4 pairs (calls of 8
+  transitions): peak activation memory against chunk size (linear);
+- ``budget``: ``memory_budget`` = 512MiB ... 4GiB, ``forward_size="auto"``: the
+  measured peak must stay within the budget;
+- ``time``: one pass against two passes at the same chunk size (one call per
+  chunk), and with calls of a few transitions, and the planner's own choice.
+
+``--issue-506`` adds imitation issue #506's case at its real size: 30 pairs of two
+100-frame fragments of 210x160x3 frames in one batch, one optimizer step under
+``memory_budget="4GiB"``: the probe's estimate for the whole batch in one chunk,
+and the measured peak (minutes on a small CPU).
+
+Usage::
+
+    python experiments/bench_memory.py                  # CPU, all series
+    python experiments/bench_memory.py --quick          # fewer points
+    python experiments/bench_memory.py --issue-506      # + the real-size case
+    python experiments/bench_memory.py --series= --issue-506  # that case alone
+    python experiments/bench_memory.py --device cuda    # CUDA figures
+
+Writes ``experiments/results/memory[_cuda].{md,json,png}`` (``--out`` to change).
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch as th
+from imitation.algorithms import preference_comparisons as pc
+from imitation.data.types import TrajectoryWithRew
+from imitation.rewards.reward_nets import CnnRewardNet
+from imitation.util import logger as imit_logger
+
+from imitation_accum import CrossEntropyRewardTrainer, memory, preference_data
+
+SHAPE = (210, 160, 3)
+N_ACTIONS = 6
+RESULTS = Path(__file__).parent / "results"
+
+
+# Child process: one point ------------------------------------------------------
+
+
+def make_dataset(n_pairs: int, length: int, seed: int = 0) -> pc.PreferenceDataset:
+    rng = np.random.default_rng(seed)
+
+    def fragment() -> TrajectoryWithRew:
+        return TrajectoryWithRew(
+            obs=rng.integers(0, 256, size=(length + 1, *SHAPE), dtype=np.uint8),
+            acts=rng.integers(0, N_ACTIONS, size=length),
+            infos=None,
+            terminal=False,
+            rews=rng.normal(size=length).astype(np.float32),
+        )
+
+    dataset = pc.PreferenceDataset()
+    pairs = [(fragment(), fragment()) for _ in range(n_pairs)]
+    dataset.push(pairs, rng.uniform(size=n_pairs).astype(np.float32))
+    return dataset
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+class PeakMemory:
+    """The peak memory of a block (see the module's docstring)."""
+
+    def __init__(self, device: th.device, base: Optional[int] = None) -> None:
+        self.device = device
+        self.fixed_base = base
+        self.base = 0
+        self.peak = 0
+
+    def _current_peak(self) -> int:
+        if self.device.type == "cuda":
+            th.cuda.synchronize(self.device)
+            return th.cuda.max_memory_allocated(self.device) - self.base
+        return _status("VmHWM:") - self.base
+
+    def observe(self) -> None:
+        """Keeps the peak so far: a nested block is about to reset it."""
+        self.peak = max(self.peak, self._current_peak())
+
+    def __enter__(self) -> "PeakMemory":
+        if self.device.type == "cuda":
+            th.cuda.synchronize(self.device)
+            th.cuda.reset_peak_memory_stats(self.device)
+        else:
+            with open("/proc/self/clear_refs", "w") as clear:
+                clear.write("5")  # peak RSS := current RSS
+            self.base = _status("VmRSS:")
+        if self.fixed_base is not None:
+            self.base = self.fixed_base
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.observe()
+
+
+def run_point(spec: Dict[str, Any]) -> Dict[str, Any]:
+    device = th.device(spec["device"])
+    th.manual_seed(0)
+    space = gym.spaces.Box(0, 255, SHAPE, np.uint8)
+    net = CnnRewardNet(space, gym.spaces.Discrete(N_ACTIONS)).to(device)
+    batch = spec["batch_pairs"]
+    dataset = make_dataset(batch * spec["steps"], spec["length"])
+    trainer = CrossEntropyRewardTrainer(
+        pc.PreferenceModel(net),
+        pc.CrossEntropyRewardLoss(),
+        np.random.default_rng(0),
+        batch_size=batch,
+        custom_logger=imit_logger.configure(format_strs=[]),
+        progress_bar=False,
+        **spec["trainer"],
+    )
+    step = trainer.engine.step
+    step_seconds: List[float] = []
+    step_peaks: List[int] = []
+    train_peak = PeakMemory(device)
+
+    def measured_step(*args: Any, **kwargs: Any) -> Any:
+        train_peak.observe()
+        with PeakMemory(device, base=train_peak.base) as peak:
+            result = step(*args, **kwargs)
+        step_seconds.append(result.seconds)
+        step_peaks.append(peak.peak)
+        return result
+
+    trainer.engine.step = measured_step  # type: ignore[method-assign]
+    start = time.perf_counter()
+    with train_peak:
+        trainer.train(dataset)
+    seconds = time.perf_counter() - start
+    figures = {
+        k.rsplit("/", 1)[-1]: v
+        for k, v in trainer.logger.name_to_value.items()
+        if k.startswith("reward/final/train/")
+    }
+    profile = trainer.memory_profile
+    if profile is None:  # no budget: probe now, for the estimate
+        profile = trainer._probe(preference_data.read_preferences(dataset))
+    largest = int(figures["chunk_transitions"])
+    forward_size = int(figures["forward_size"])
+    whole = 2 * batch * spec["length"]
+    return {
+        **spec,
+        "peak_bytes": max(step_peaks),
+        "train_peak_bytes": train_peak.peak,
+        "estimate_bytes": profile.chunk_bytes(largest, forward_size),
+        "whole_batch_estimate_bytes": profile.chunk_bytes(whole, whole),
+        "saved_per_transition": profile.saved_per_transition,
+        "chunk_transitions": largest,
+        "forward_size": forward_size,
+        "two_pass": bool(figures["two_pass"]),
+        "minibatches": int(figures["minibatches_per_step"]),
+        "step_seconds": step_seconds,
+        "train_seconds": seconds,
+        "loss": figures["loss"],
+        "threads": th.get_num_threads(),
+    }
+
+
+# Parent process: the series ------------------------------------------------------
+
+
+def points(args: argparse.Namespace) -> List[Dict[str, Any]]:
+    base = {
+        "device": args.device,
+        "batch_pairs": args.batch_pairs,
+        "length": args.fragment_length,
+        "steps": 3,
+    }
+    pair = 2 * args.fragment_length
+    minibatches = [1, 2] if args.quick else [1, 2, 4]
+    budgets = ["1GiB", "2GiB"] if args.quick else ["512MiB", "1GiB", "2GiB", "4GiB"]
+    if args.device == "cuda":
+        budgets = ["1GiB", "2GiB", "4GiB", "8GiB"]
+    series: List[Dict[str, Any]] = []
+    for k in minibatches:
+        series.append(
+            {
+                **base,
+                "series": "minibatch",
+                "label": f"minibatch_size={k}",
+                "trainer": {"minibatch_size": k, "forward_size": 8, "two_pass": False},
+            }
+        )
+    for budget in budgets:
+        series.append(
+            {
+                **base,
+                "series": "budget",
+                "label": f"memory_budget={budget}",
+                "budget_bytes": memory.parse_budget(budget),
+                "trainer": {"memory_budget": budget},
+            }
+        )
+    timing = [(pair, "same chunk, one call per chunk"), (4, "calls of 4")]
+    for size, what in timing:
+        for two_pass in (False, True):
+            series.append(
+                {
+                    **base,
+                    "series": "time",
+                    "label": f"{'two' if two_pass else 'one'} pass, {what}",
+                    "group": what,
+                    "trainer": {
+                        "minibatch_size": None if two_pass else 1,
+                        "forward_size": size,
+                        "two_pass": two_pass,
+                    },
+                }
+            )
+    series.append(
+        {
+            **base,
+            "series": "time",
+            "label": "planner's choice (forward_size='auto')",
+            "group": "auto",
+            "trainer": {"minibatch_size": 1},
+        }
+    )
+    return series
+
+
+def run_child(spec: Dict[str, Any]) -> Dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--point", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{spec['label']} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def step_time(result: Dict[str, Any]) -> float:
+    """Median seconds of the steps after the first (all, if there is one)."""
+    seconds = result["step_seconds"]
+    return float(np.median(seconds[1:] if len(seconds) > 1 else seconds))
+
+
+def gib(n_bytes: float) -> str:
+    return f"{n_bytes / 2**30:.2f}"
+
+
+def linear_fit(xs: List[float], ys: List[float]) -> Dict[str, float]:
+    slope, intercept = np.polyfit(xs, ys, 1)
+    predicted = np.polyval([slope, intercept], xs)
+    spread = float(np.sum((np.asarray(ys) - np.mean(ys)) ** 2)) or 1.0
+    r2 = 1 - float(np.sum((np.asarray(ys) - predicted) ** 2)) / spread
+    return {"slope": float(slope), "intercept": float(intercept), "r2": r2}
+
+
+def summary(results: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The targets' figures: linearity, budgets kept, estimate ratio, time ratios."""
+    mini = [r for r in results if r["series"] == "minibatch"]
+    fit = None
+    if len(mini) > 1:
+        fit = linear_fit(
+            [r["chunk_transitions"] for r in mini], [r["peak_bytes"] for r in mini]
+        )
+    budgeted = [r for r in results if "budget_bytes" in r]
+    ratios = [r["peak_bytes"] / r["estimate_bytes"] for r in results]
+    times = {r["label"]: step_time(r) for r in results if r["series"] == "time"}
+    time_ratios = {
+        group: times[f"two pass, {group}"] / times[f"one pass, {group}"]
+        for group in ("same chunk, one call per chunk", "calls of 4")
+        if f"one pass, {group}" in times
+    }
+    return {
+        "fit": fit,
+        "saved_per_transition": results[0]["saved_per_transition"],
+        "budgets_kept": [r["train_peak_bytes"] <= r["budget_bytes"] for r in budgeted],
+        "peak_over_estimate": (min(ratios), max(ratios)),
+        "time_ratios": time_ratios,
+    }
+
+
+def report(results: List[Dict[str, Any]], args: argparse.Namespace) -> str:
+    what = ", CUDA allocated" if args.device == "cuda" else ", RSS added"
+    lines = [
+        f"CnnRewardNet on {SHAPE[0]}x{SHAPE[1]}x{SHAPE[2]} frames, "
+        f"{args.batch_pairs} pairs of two {args.fragment_length}-frame fragments per "
+        f"batch, device {args.device}, {results[0]['threads']} threads.",
+        "",
+        f"| point | chunk (transitions) | call size | two-pass | step peak (GiB{what})"
+        f" | step estimate (GiB) | train peak (GiB{what}) | budget (GiB) | s/step |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        budget = gib(r["budget_bytes"]) if "budget_bytes" in r else ""
+        lines.append(
+            f"| {r['label']} | {r['chunk_transitions']} | {r['forward_size']} | "
+            f"{'yes' if r['two_pass'] else 'no'} | {gib(r['peak_bytes'])} | "
+            f"{gib(r['estimate_bytes'])} | {gib(r['train_peak_bytes'])} | {budget} "
+            f"| {step_time(r):.2f} |"
+        )
+    figures = summary(results)
+    fit, kept = figures["fit"], figures["budgets_kept"]
+    low, high = figures["peak_over_estimate"]
+    lines.append("")
+    if fit is not None:
+        lines.append(
+            f"- Step peak against chunk size (one pass): {fit['slope'] / 2**20:.2f} "
+            f"MiB per transition (autograd saves "
+            f"{figures['saved_per_transition'] / 2**20:.2f}), R^2 = {fit['r2']:.4f}."
+        )
+    lines += [
+        f"- Budget points whose train peak is within the budget: {sum(kept)} of "
+        f"{len(kept)}.",
+        f"- Step peak / step estimate: {low:.2f} to {high:.2f} (at most 1: the "
+        "estimate is conservative).",
+    ]
+    for group, ratio in figures["time_ratios"].items():
+        lines.append(f"- Two-pass / one-pass step time, {group}: {ratio:.2f}.")
+    for auto in (r for r in results if r.get("group") == "auto"):
+        lines.append(
+            "- Planner's choice with forward_size='auto': "
+            f"{'two passes' if auto['two_pass'] else 'one pass'}, calls of "
+            f"{auto['forward_size']}, {step_time(auto):.2f} s/step."
+        )
+    for r in results:
+        if r["series"] == "issue-506":
+            lines += [
+                "",
+                f"imitation #506 at real size ({r['batch_pairs']} pairs x 2 x "
+                f"{r['length']} frames, one batch): the probe estimates "
+                f"{gib(r['whole_batch_estimate_bytes'])} GiB for the whole batch in "
+                f"one chunk; with memory_budget='4GiB' one optimizer step took "
+                f"{step_time(r):.0f} s ({r['minibatches']} chunks of "
+                f"{r['chunk_transitions']} transitions, two passes: "
+                f"{r['two_pass']}), train() {r['train_seconds']:.0f} s; peak "
+                f"{gib(r['train_peak_bytes'])} GiB over the whole train() call, "
+                f"{gib(r['peak_bytes'])} GiB in the step.",
+            ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: List[Dict[str, Any]], path: Path, device: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    what = " (CUDA allocated)" if device == "cuda" else " (RSS added)"
+    mini = [r for r in results if r["series"] == "minibatch"]
+    budget = [r for r in results if r["series"] == "budget"]
+    if not mini or not budget:
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    xs = [r["chunk_transitions"] for r in mini]
+    left.plot(xs, [r["peak_bytes"] / 2**30 for r in mini], "o-", label="measured")
+    estimates = [r["estimate_bytes"] / 2**30 for r in mini]
+    left.plot(xs, estimates, "s--", label="estimate")
+    left.set_xlabel("chunk (transitions), one pass")
+    left.set_ylabel("step peak GiB" + what)
+    left.set_title("Peak memory against minibatch_size")
+    left.legend()
+    bx = [r["budget_bytes"] / 2**30 for r in budget]
+    peaks = [r["train_peak_bytes"] / 2**30 for r in budget]
+    right.plot(bx, peaks, "o-", label="measured, whole train() call")
+    right.plot(bx, bx, ":", color="gray", label="budget")
+    right.set_xlabel("memory_budget (GiB)")
+    right.set_ylabel("peak GiB" + what)
+    right.set_title("Peak memory against memory_budget")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--point", help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--quick", action="store_true", help="fewer points")
+    parser.add_argument("--issue-506", action="store_true", help="the real-size case")
+    parser.add_argument("--batch-pairs", type=int, default=4)
+    parser.add_argument("--fragment-length", type=int, default=25)
+    parser.add_argument("--out", type=Path, default=None, help="output stem")
+    parser.add_argument(
+        "--series",
+        default="minibatch,budget,time",
+        help="comma-separated series to run (minibatch, budget, time)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 unless the targets hold (budgets kept, estimate conservative, "
+        "linear peak, two-pass at most 1.5x one pass at the same chunk)",
+    )
+    args = parser.parse_args()
+    if args.point:
+        print(json.dumps(run_point(json.loads(args.point))))
+        return
+    wanted = set(args.series.split(",")) if args.series else set()
+    specs = [spec for spec in points(args) if spec["series"] in wanted]
+    if args.issue_506:
+        specs.append(
+            {
+                "device": args.device,
+                "batch_pairs": 30,
+                "length": 100,
+                "steps": 1,
+                "series": "issue-506",
+                "label": "imitation #506: 30 pairs x 2 x 100 frames, budget 4GiB",
+                "budget_bytes": 4 * 2**30,
+                "trainer": {"memory_budget": "4GiB"},
+            }
+        )
+    results = []
+    for spec in specs:
+        result = run_child(spec)
+        print(
+            f"{spec['label']}: step peak {gib(result['peak_bytes'])} GiB, estimate "
+            f"{gib(result['estimate_bytes'])} GiB, train peak "
+            f"{gib(result['train_peak_bytes'])} GiB, {step_time(result):.2f} s/step",
+            flush=True,
+        )
+        results.append(result)
+    stem = args.out or RESULTS / ("memory" if args.device == "cpu" else "memory_cuda")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    text = report(results, args)
+    stem.with_suffix(".md").write_text(text)
+    stem.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    plot(results, stem.with_suffix(".png"), args.device)
+    print(text)
+    if args.check:
+        figures = summary(results)
+        failures = []
+        if not all(figures["budgets_kept"]):
+            failures.append("a train peak exceeded its memory_budget")
+        if figures["peak_over_estimate"][1] > 1:
+            failures.append("a step peak exceeded its estimate")
+        if figures["fit"] is not None and figures["fit"]["r2"] < 0.98:
+            failures.append("peak memory is not linear in the chunk size")
+        if figures["time_ratios"].get("same chunk, one call per chunk", 0) > 1.5:
+            failures.append("two passes cost more than 1.5x one pass")
+        for failure in failures:
+            print(f"CHECK FAILED: {failure}", file=sys.stderr)
+        if failures:
+            sys.exit(1)
+        print("CHECKS PASSED")
+
+
+if __name__ == "__main__":
+    main()

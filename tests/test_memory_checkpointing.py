@@ -1,0 +1,112 @@
+"""activation_checkpointing: CNN activations recomputed in the backward, exactly."""
+
+import copy
+import pickle
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from imitation.rewards.reward_nets import CnnRewardNet
+
+from imitation_accum import memory
+from tests import reference as ref
+from tests.test_preference_exactness import TOL, make_net, make_trainer
+
+FRAMES = gym.spaces.Box(0, 255, (12, 10, 3), np.uint8)
+ACTIONS = gym.spaces.Discrete(3)
+
+
+def make_cnn(**kwargs):
+    th.manual_seed(0)
+    return CnnRewardNet(FRAMES, ACTIONS, hid_channels=(4, 4), **kwargs)
+
+
+def frames_dataset(rng, n_pairs=4, lengths=(5, 3)):
+    return ref.make_dataset(rng, n_pairs, lengths, obs_space=FRAMES, n_actions=3)
+
+
+def one_step(net, dataset, **kwargs):
+    trainer = make_trainer(
+        net,
+        batch_size=len(dataset),
+        forward_size=4,
+        optimizer_cls=th.optim.SGD,
+        lr=1e-9,
+        **kwargs,
+    )
+    trainer.train(dataset)
+    return ref.param_grads(net)
+
+
+@pytest.mark.parametrize("split", [dict(minibatch_size=2), dict(two_pass=True)])
+def test_checkpointing_is_exact(rng, split):
+    dataset = frames_dataset(rng)
+    net = make_cnn()
+    initial = copy.deepcopy(net)
+    grads = one_step(net, dataset, activation_checkpointing=True, **split)
+    pairs, prefs = ref.batch_of(dataset, range(len(dataset)))
+    expected = ref.grads_of(initial, lambda: ref.full_batch_loss(initial, pairs, prefs))
+    assert ref.relative_error(grads, expected) < TOL
+
+
+def test_recomputation_draws_the_forwards_dropout_masks(rng, monkeypatch):
+    dataset = frames_dataset(rng)
+    net = make_cnn(dropout_prob=0.5)
+    th.manual_seed(7)
+    plain = one_step(copy.deepcopy(net), dataset, minibatch_size=2)
+    th.manual_seed(7)
+    checkpointed = one_step(
+        copy.deepcopy(net), dataset, minibatch_size=2, activation_checkpointing=True
+    )
+    assert ref.relative_error(checkpointed, plain) < TOL
+    # Recomputing without replaying the RNG draws other masks.
+    original = memory.torch_checkpoint.checkpoint
+
+    def without_rng(function, *args, **kwargs):
+        return original(function, *args, preserve_rng_state=False, **kwargs)
+
+    monkeypatch.setattr(memory.torch_checkpoint, "checkpoint", without_rng)
+    th.manual_seed(7)
+    naive = one_step(
+        copy.deepcopy(net), dataset, minibatch_size=2, activation_checkpointing=True
+    )
+    assert ref.relative_error(naive, plain) > 100 * TOL
+
+
+def test_checkpointing_keeps_only_the_stack_inputs():
+    net = make_cnn()
+    frames = th.randint(0, 256, (6, *FRAMES.shape), dtype=th.uint8)
+    acts = th.zeros(6, dtype=th.int64)
+    dones = th.zeros(6, dtype=th.bool)
+
+    def run(n):
+        return net(*net.preprocess(frames[:n], acts[:n], frames[:n], dones[:n]))
+
+    params = list(net.parameters())
+    cpu = th.device("cpu")
+    plain = memory.measure_saved_bytes(run, 6, params, cpu)
+    with memory.checkpointing(memory.checkpointable_cnns(net)):
+        kept = memory.measure_saved_bytes(run, 6, params, cpu)
+    # The two ReLU outputs of 4 channels and the pooled features the final layer
+    # reads are no longer kept; the stack's input (and what the net saves outside
+    # the stack) stays.
+    relu_outputs, pooled = 2 * 6 * 12 * 10 * 4 * 4, 6 * 4 * 4
+    assert plain.saved - kept.saved == relu_outputs + pooled
+    assert kept.saved < 0.3 * plain.saved
+
+
+def test_checkpointing_leaves_the_net_unchanged(rng):
+    dataset = frames_dataset(rng, n_pairs=2)
+    net = make_cnn()
+    keys = list(net.state_dict())
+    one_step(net, dataset, activation_checkpointing=True)
+    assert list(net.state_dict()) == keys
+    assert "forward" not in vars(net.cnn)
+    pickle.dumps(net)  # imitation saves reward nets whole
+
+
+@pytest.mark.parametrize("value", [True, "yes"])
+def test_checkpointing_needs_a_cnn_and_a_bool(value):
+    with pytest.raises(ValueError, match="activation_checkpointing"):
+        make_trainer(make_net(), activation_checkpointing=value)

@@ -1,0 +1,271 @@
+"""Two passes over chunks that split fragments give the full-batch update.
+
+Chunks are ranges of the batch's concatenated transitions, cut at arbitrary
+points (inside fragments, across pairs); each is checked against the independent
+full-batch reference of tests/reference.py, and the naive variants (pass 2 without
+rewinding the RNG, passes that update norm statistics themselves, discount weights
+counted from the chunk's start) fail the same checks.
+"""
+
+import copy
+
+import numpy as np
+import pytest
+import torch as th
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from imitation.util import networks
+
+from imitation_accum import accumulation, fragments, preference_task
+from tests import reference as ref
+from tests.test_preference_exactness import TOL, make_net, make_trainer
+
+
+def two_pass_grads(net, dataset, *, chunk, **kwargs):
+    """Gradients of one two-pass step over the whole dataset (left in .grad)."""
+    kwargs.setdefault("optimizer_cls", th.optim.SGD)
+    kwargs.setdefault("lr", 1e-9)  # .grad is what is compared
+    trainer = make_trainer(
+        net,
+        batch_size=len(dataset),
+        two_pass=True,
+        forward_size=chunk,
+        **kwargs,
+    )
+    trainer.train(dataset)
+    return ref.param_grads(net), trainer
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    batch_size=st.integers(1, 6),
+    lengths=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    discount=st.sampled_from([1.0, 0.9, 0.5]),
+    noise=st.sampled_from([0.0, 0.1]),
+    chunk=st.integers(1, 13),
+)
+def test_two_pass_gradient_equals_full_batch(
+    batch_size, lengths, discount, noise, chunk
+):
+    rng = np.random.default_rng(batch_size * 100 + sum(lengths) + chunk)
+    dataset = ref.make_dataset(rng, batch_size, lengths)
+    th.manual_seed(0)
+    net = make_net()
+    initial = copy.deepcopy(net)
+    grads, trainer = two_pass_grads(
+        net, dataset, chunk=chunk, discount=discount, noise=noise
+    )
+    pairs, prefs = ref.batch_of(dataset, range(batch_size))
+    full = ref.full_batch_loss(
+        initial, pairs, prefs, discount=discount, noise_prob=noise
+    )
+    expected = ref.grads_of(initial, lambda: full)
+    assert ref.relative_error(grads, expected) < TOL
+    logged = trainer.logger.name_to_value
+    assert logged["reward/final/train/two_pass"] == 1.0
+    loss = float(full.detach())
+    assert logged["reward/final/train/loss"] == pytest.approx(loss, rel=1e-5)
+
+
+def test_chunks_split_fragments_at_awkward_points(rng):
+    """Unequal fragments, cut mid-fragment and across pairs, with discounting."""
+    dataset = ref.make_dataset(rng, 4, (7, 2, 11, 5), binary=True)
+    lengths = [
+        len(f.acts)
+        for pair in zip(dataset.fragments1, dataset.fragments2)
+        for f in pair
+    ]
+    total = sum(lengths)
+    boundaries = set(np.cumsum(lengths)[:-1])
+    chunk = 3  # cuts at 3, 6, 9, ...: inside fragments and on some boundaries
+    cuts = set(range(chunk, total, chunk))
+    assert cuts - boundaries and lengths[0] % chunk  # some cuts split fragments
+    net = make_net()
+    initial = copy.deepcopy(net)
+    grads, trainer = two_pass_grads(net, dataset, chunk=chunk, discount=0.9)
+    pairs, prefs = ref.batch_of(dataset, range(4))
+    expected = ref.grads_of(
+        initial, lambda: ref.full_batch_loss(initial, pairs, prefs, discount=0.9)
+    )
+    assert ref.relative_error(grads, expected) < TOL
+    assert trainer.logger.name_to_value["reward/final/train/minibatches_per_step"] == (
+        -(-total // chunk)
+    )
+
+
+def test_discount_counted_from_the_chunk_start_fails(rng, monkeypatch):
+    """Weights gamma^t must count t from the fragment's start, not the chunk's."""
+    dataset = ref.make_dataset(rng, 3, (8, 5))
+    net = make_net()
+    initial = copy.deepcopy(net)
+    pairs, prefs = ref.batch_of(dataset, range(3))
+    expected = ref.grads_of(
+        initial, lambda: ref.full_batch_loss(initial, pairs, prefs, discount=0.8)
+    )
+
+    def chunk_local_discounts(self, chunk, outputs):
+        positions = th.arange(chunk.stop - chunk.start, dtype=th.float32)
+        weighted = outputs * 0.8**positions
+        return chunk.batch.layout.range_sums(weighted, chunk.start, chunk.stop)
+
+    monkeypatch.setattr(
+        preference_task.PreferenceTask, "partial_sums", chunk_local_discounts
+    )
+    naive, _ = two_pass_grads(net, dataset, chunk=3, discount=0.8)
+    assert ref.relative_error(naive, expected) > 100 * TOL
+
+
+def calls_reference_loss(net, pairs, prefs, call_size, *, discount=1.0):
+    """One training forward of the batch in consecutive calls of ``call_size``.
+
+    With dropout, this is the forward whose masks the trainer must reproduce: the
+    same calls, with the same shapes, in the same order, from the same RNG state.
+    """
+    frags = [f for pair in pairs for f in pair]
+    obs = np.concatenate([f.obs[:-1] for f in frags])
+    next_obs = np.concatenate([f.obs[1:] for f in frags])
+    acts = np.concatenate([f.acts for f in frags])
+    dones = np.zeros(len(acts), dtype=bool)
+    rewards = th.cat(
+        [
+            net(*net.preprocess(obs[s:e], acts[s:e], next_obs[s:e], dones[s:e]))
+            for s, e in (
+                (s, min(s + call_size, len(acts)))
+                for s in range(0, len(acts), call_size)
+            )
+        ],
+    )
+    returns, start = [], 0
+    for f in frags:
+        n = len(f.acts)
+        weights = th.tensor([discount**t for t in range(n)])
+        returns.append((rewards[start : start + n] * weights).sum())
+        start += n
+    losses = []
+    for i, pref in enumerate(prefs):
+        diff = returns[2 * i + 1] - returns[2 * i]
+        p = 1 / (1 + th.exp(diff))
+        losses.append(-(pref * th.log(p) + (1 - pref) * th.log(1 - p)))
+    return th.stack(losses).mean()
+
+
+def test_dropout_masks_are_the_same_in_both_passes(rng):
+    dataset = ref.make_dataset(rng, 3, (6, 4))
+    net = make_net(dropout_prob=0.5)
+    initial = copy.deepcopy(net)
+    pairs, prefs = ref.batch_of(dataset, range(3))
+    th.manual_seed(123)
+    expected = ref.grads_of(
+        initial, lambda: calls_reference_loss(initial, pairs, prefs, 4, discount=0.9)
+    )
+    th.manual_seed(123)
+    grads, _ = two_pass_grads(net, dataset, chunk=4, discount=0.9)
+    assert ref.relative_error(grads, expected) < TOL
+    # The reference's masks matter: another seed is another update.
+    th.manual_seed(124)
+    other = ref.grads_of(
+        initial, lambda: calls_reference_loss(initial, pairs, prefs, 4, discount=0.9)
+    )
+    assert ref.relative_error(other, expected) > 100 * TOL
+
+
+def test_pass_two_without_rewinding_the_rng_fails(rng, monkeypatch):
+    dataset = ref.make_dataset(rng, 3, (6, 4))
+    net = make_net(dropout_prob=0.5)
+    initial = copy.deepcopy(net)
+    pairs, prefs = ref.batch_of(dataset, range(3))
+    th.manual_seed(123)
+    expected = ref.grads_of(
+        initial, lambda: calls_reference_loss(initial, pairs, prefs, 4)
+    )
+    # Pass 2 starts where pass 1 left the RNG: other dropout masks.
+    monkeypatch.setattr(accumulation._RngState, "restore", lambda self: None)
+    th.manual_seed(123)
+    naive, _ = two_pass_grads(net, dataset, chunk=4)
+    assert ref.relative_error(naive, expected) > 100 * TOL
+
+
+@pytest.mark.parametrize("norm", [networks.RunningNorm, networks.EMANorm])
+def test_norm_statistics_are_the_full_batch_ones_in_both_passes(rng, norm):
+    dataset = ref.make_dataset(rng, 4, (5, 3))
+    net = make_net(normalize_input_layer=norm)
+    reference_net = copy.deepcopy(net)
+    pairs, prefs = ref.batch_of(dataset, range(4))
+    expected = ref.grads_of(
+        reference_net,
+        lambda: ref.full_batch_loss(reference_net, pairs, prefs),
+    )
+    grads, _ = two_pass_grads(net, dataset, chunk=3)
+    assert ref.relative_error(grads, expected) < TOL
+    for name, value in ref.buffers(reference_net).items():
+        th.testing.assert_close(dict(net.named_buffers())[name], value)
+
+
+def test_passes_updating_norms_themselves_fail(rng, monkeypatch):
+    dataset = ref.make_dataset(rng, 4, (5, 3))
+    net = make_net(normalize_input_layer=networks.RunningNorm)
+    reference_net = copy.deepcopy(net)
+    pairs, prefs = ref.batch_of(dataset, range(4))
+    expected = ref.grads_of(
+        reference_net,
+        lambda: ref.full_batch_loss(reference_net, pairs, prefs),
+    )
+    # No pre-pass: every call of both passes updates the statistics itself.
+    monkeypatch.setattr(
+        accumulation.GradientAccumulator,
+        "_gather_norm_statistics",
+        lambda self, task, chunks: None,
+    )
+    naive, _ = two_pass_grads(net, dataset, chunk=3)
+    assert ref.relative_error(naive, expected) > 100 * TOL
+
+
+def test_one_and_two_passes_log_the_same_figures(rng):
+    dataset = ref.make_dataset(rng, 6, (4, 7), binary=True)
+    net = make_net()
+    figures = []
+    for two_pass in (False, True):
+        trainer = make_trainer(
+            copy.deepcopy(net),
+            batch_size=6,
+            two_pass=two_pass,
+            forward_size=5,
+            optimizer_cls=th.optim.SGD,
+            max_grad_norm=0.1,
+        )
+        trainer.train(dataset)
+        logged = trainer.logger.name_to_value
+        figures.append(
+            [
+                logged[f"reward/final/train/{k}"]
+                for k in ("loss", "accuracy", "grad_norm")
+            ]
+        )
+        params = [p.detach().clone() for p in trainer._task.net.parameters()]
+        figures[-1].append(params)
+    (loss1, acc1, norm1, p1), (loss2, acc2, norm2, p2) = figures
+    assert loss1 == pytest.approx(loss2, rel=1e-6)
+    assert acc1 == acc2
+    assert norm1 == pytest.approx(norm2, rel=1e-5)
+    assert ref.relative_error(p2, p1) < 1e-6
+
+
+def test_range_sums_tile_into_segment_sums(rng):
+    lengths = np.array([3, 1, 6, 2])
+    layout = fragments.FragmentLayout.from_arrays(
+        [None] * 4, lengths, np.zeros(4, bool)
+    )
+    values = th.as_tensor(rng.normal(size=int(lengths.sum())))
+    whole = layout.segment_sums(values)
+    for size in (1, 2, 4, 5, 12):
+        parts = [
+            layout.range_sums(values[s : s + size], s, min(s + size, 12))
+            for s in range(0, 12, size)
+        ]
+        th.testing.assert_close(sum(parts), whole)
+    first, pieces = layout.pieces(2, 9)
+    assert first == 0 and pieces.tolist() == [1, 1, 5]
