@@ -1,0 +1,586 @@
+"""Trains a reward net offline from a saved preference dataset, on one process or many.
+
+imitation saves the preferences a run gathered (``train_preference_comparisons with
+save_preferences=True`` writes ``preferences.pkl``) but has nothing that trains
+from them. This experiment does, with imitation's reward and logging ingredients::
+
+    python -m imitation_accum.scripts.train_reward_model with
+        dataset_path=output/.../preferences.pkl reward_trainer_kwargs.minibatch_size=8
+
+(one command line) and on several processes (GPUs, or CPU cores with gloo), with
+the same result::
+
+    torchrun --nproc_per_node=4 -m imitation_accum.scripts.train_reward_model with
+        dataset_path=output/.../preferences.pkl
+
+A seeded share of the pairs is held out; the loss and accuracy on it are logged
+after every epoch. The training state (reward net, optimizer, generators, epoch) is
+checkpointed atomically to ``{log_dir}/checkpoints/training_state.pt`` and a run
+continues from one with ``resume_from=...``; the final reward net is saved as
+imitation saves it, ``{log_dir}/checkpoints/final/reward_net.pt``, ready for
+``imitation.rewards.serialize.load_reward("RewardNet_normalized", ...)`` (after
+``import imitation_accum``) or :func:`imitation_accum.checkpoint.load_reward_net`.
+Under ``torchrun`` only rank 0 logs and writes files.
+
+The dataset is a pickle: load only files you trust.
+"""
+
+import contextlib
+import hashlib
+import logging
+import os
+import pathlib
+import signal
+import sys
+import tempfile
+import types
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+import gymnasium as gym
+import numpy as np
+import torch as th
+from imitation.algorithms import preference_comparisons as pc
+from imitation.data import types as data_types
+from imitation.regularization import regularizers, updaters
+from imitation.rewards import reward_nets
+from imitation.scripts.ingredients import environment, reward
+from imitation.scripts.ingredients import logging as logging_ingredient
+from imitation.util import logger as imit_logger
+from sacred.observers import FileStorageObserver
+
+from imitation_accum import _validation, checkpoint, distributed
+from imitation_accum.scripts import atari_configs, experiment, ingredients
+
+# Configured and run under imitation_accum.patched(), as this package's other
+# experiments: imitation's reward ingredient then also builds CNN reward nets.
+train_reward_model_ex = experiment.PatchedExperiment(
+    "train_reward_model",
+    ingredients=[
+        logging_ingredient.logging_ingredient,
+        environment.environment_ingredient,
+        reward.reward_ingredient,
+    ],
+)
+
+#: Trainer arguments this experiment sets itself.
+_SET_BY_EXPERIMENT = (
+    "preference_model",
+    "loss",
+    "rng",
+    "custom_logger",
+    "regularizer_factory",
+    "process_group",
+)
+
+
+@train_reward_model_ex.config
+def train_defaults():
+    """Defaults: imitation's reward trainer defaults, a tenth held out."""
+    dataset_path = None  # a PreferenceDataset saved with PreferenceDataset.save
+    held_out_fraction = 0.1  # share of the pairs held out, evaluated every epoch
+    held_out_seed = 0  # seed of the held-out split (independent of the run's seed)
+    preference_model_kwargs = {}  # noise_prob, discount_factor, threshold
+    # Arguments of imitation_accum's CrossEntropyRewardTrainer.
+    reward_trainer_kwargs = dict(
+        batch_size=32,  # pairs per optimizer step, over all processes
+        minibatch_size=None,  # pairs per forward/backward (None: a whole share)
+        memory_budget=None,  # or size chunks to fit this ("6GiB", bytes, "auto")
+        epochs=3,  # passes over the training pairs
+        lr=1e-3,  # learning rate
+        forward_size="auto",  # transitions per reward-net call, or "auto"
+        drop_last=False,  # drop each epoch's partial last batch
+        max_grad_norm=None,  # clip the gradient norm once per step
+        optimizer_cls="AdamW",  # a torch.optim class, or its name
+        optimizer_kwargs=None,  # further optimizer arguments (a dict)
+        progress_bar=True,  # tqdm bar over steps (rank 0 only)
+    )
+    # imitation's regularizers, applied once per optimizer step.
+    regularizer = dict(
+        kind=None,  # None, "lp" (LpRegularizer) or "weight_decay"
+        initial_lambda=1e-3,  # regularization strength
+        p=2,  # exponent of "lp"
+        scaling_factor=None,  # adapt lambda (IntervalParamScaler); None: fixed
+        tolerable_interval=(0.9, 1.1),  # val/train loss ratio leaving lambda as is
+        val_split=0.1,  # share of training pairs the lambda updater validates on
+    )
+    device = "auto"  # "auto": this process's GPU if there is one, else the CPU
+    checkpoint_interval = 1  # epochs between checkpoints (0: at the end; <0: never)
+    resume_from = None  # a checkpoints/training_state.pt to continue from
+    locals()  # quieten flake8
+
+
+@train_reward_model_ex.named_config
+def fast():
+    """Tiny settings for smoke tests."""
+    reward_trainer_kwargs = dict(batch_size=4, epochs=2, forward_size=16)
+    reward_trainer_kwargs["progress_bar"] = False
+    held_out_fraction = 0.25
+    locals()  # quieten flake8
+
+
+for _name, _game in atari_configs.GAMES.items():
+    # The preprocessed, score-masked Atari environment and CnnRewardNet of the
+    # preference-comparisons experiment's named config of the same name.
+    train_reward_model_ex.add_named_config(
+        _name,
+        {
+            "environment": atari_configs.environment(_game)["environment"],
+            "reward": atari_configs.reward(),
+        },
+    )
+
+
+def _check_config(
+    config: Dict[str, Any],
+    command_name: str,
+    logger: Any,
+) -> Dict[str, Any]:
+    """Config hook: every key checked before anything is loaded or built."""
+    del command_name, logger
+    path = config["dataset_path"]
+    if path is None:
+        raise ValueError(
+            "dataset_path is required: a PreferenceDataset saved with "
+            "PreferenceDataset.save (train_preference_comparisons with "
+            "save_preferences=True writes preferences.pkl)",
+        )
+    if not pathlib.Path(path).is_file():
+        raise ValueError(f"dataset_path={path!r}: no such file")
+    fraction = config["held_out_fraction"]
+    if not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
+        raise ValueError(f"held_out_fraction={fraction!r} must lie in [0, 1)")
+    kwargs = config["reward_trainer_kwargs"]
+    accepted = ingredients.accepted_keywords(
+        distributed.DistributedRewardTrainer,
+        exclude=_SET_BY_EXPERIMENT,
+    )
+    key = "reward_trainer_kwargs"
+    ingredients.check_keywords(key, kwargs, accepted, "CrossEntropyRewardTrainer")
+    ingredients.check_batch_sizes(
+        key, kwargs, accepted, "batch_size", ["minibatch_size"]
+    )
+    _validation.positive_int(f"{key}.epochs", kwargs.get("epochs", 1))
+    _optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
+    interval = config["checkpoint_interval"]
+    if isinstance(interval, bool) or not isinstance(interval, int):
+        raise ValueError(f"checkpoint_interval={interval!r} must be an int")
+    resume = config["resume_from"]
+    if resume is not None and not pathlib.Path(resume).is_file():
+        raise ValueError(f"resume_from={resume!r}: no such file")
+    kind = config["regularizer"]["kind"]
+    if kind not in (None, "lp", "weight_decay"):
+        raise ValueError(
+            f"regularizer.kind={kind!r} must be None, 'lp' or 'weight_decay'",
+        )
+    return {}
+
+
+ingredients.add_hooks(
+    train_reward_model_ex,
+    [_check_config, ingredients.check_environment],
+)
+
+
+def _optimizer_class(value: Any) -> type:
+    if isinstance(value, str):
+        cls = getattr(th.optim, value, None)
+        if not (isinstance(cls, type) and issubclass(cls, th.optim.Optimizer)):
+            raise ValueError(
+                f"reward_trainer_kwargs.optimizer_cls={value!r} is not an optimizer "
+                "of torch.optim",
+            )
+        return cls
+    if isinstance(value, type) and issubclass(value, th.optim.Optimizer):
+        return value
+    raise ValueError(
+        f"reward_trainer_kwargs.optimizer_cls={value!r} must be a torch.optim "
+        "optimizer class or its name",
+    )
+
+
+def load_preference_dataset(path: str) -> pc.PreferenceDataset:
+    """Loads a dataset saved with imitation's ``PreferenceDataset.save``.
+
+    Args:
+        path: The pickle file.
+
+    Returns:
+        The dataset.
+
+    Raises:
+        ValueError: naming ``path`` if it is missing, unreadable, or not a
+            ``PreferenceDataset``.
+    """
+    source = pathlib.Path(path)
+    if not source.is_file():
+        raise ValueError(f"dataset_path={path!r}: no such file")
+    try:
+        dataset = pc.PreferenceDataset.load(source)
+    except Exception as error:
+        raise ValueError(
+            f"dataset_path={path!r} is not a readable PreferenceDataset pickle "
+            f"({type(error).__name__}: {error})",
+        ) from error
+    if not isinstance(dataset, pc.PreferenceDataset):
+        raise ValueError(
+            f"dataset_path={path!r} holds a {type(dataset).__name__}, not an "
+            "imitation PreferenceDataset",
+        )
+    return dataset
+
+
+def split_held_out(
+    n_pairs: int,
+    fraction: float,
+    seed: int,
+) -> Tuple[np.ndarray, np.ndarray]:
+    """Splits ``range(n_pairs)`` into training and held-out pairs.
+
+    Args:
+        n_pairs: Pairs in the dataset.
+        fraction: Share held out: ``int(n_pairs * fraction)`` pairs.
+        seed: Seed of the split.
+
+    Returns:
+        ``(train_indices, held_out_indices)``, each sorted.
+
+    Raises:
+        ValueError: if a positive ``fraction`` holds out no pair.
+    """
+    n_held_out = int(n_pairs * fraction)
+    if fraction > 0 and n_held_out == 0:
+        raise ValueError(
+            f"held_out_fraction={fraction} of {n_pairs} pairs holds out none; "
+            "raise it, or set it to 0 to hold out nothing",
+        )
+    order = np.random.default_rng(seed).permutation(n_pairs)
+    return np.sort(order[n_held_out:]), np.sort(order[:n_held_out])
+
+
+def subset(
+    dataset: pc.PreferenceDataset,
+    indices: np.ndarray,
+) -> pc.PreferenceDataset:
+    """The pairs ``indices`` of ``dataset``, as a dataset of their own (no copies).
+
+    Args:
+        dataset: The whole dataset.
+        indices: Which pairs, in order.
+
+    Returns:
+        A ``PreferenceDataset`` holding the same fragment objects.
+    """
+    part = pc.PreferenceDataset()
+    part.fragments1 = [dataset.fragments1[i] for i in indices]
+    part.fragments2 = [dataset.fragments2[i] for i in indices]
+    part.preferences = np.asarray(dataset.preferences, dtype=np.float32)[indices]
+    return part
+
+
+def _environment_spaces(config: Mapping[str, Any]) -> types.SimpleNamespace:
+    """The observation and action spaces of ``environment.gym_id``.
+
+    The reward ingredient only reads a venv's spaces; one environment, made and
+    closed here, gives them without any vectorized environment or subprocess.
+    """
+    env = gym.make(config["gym_id"], **config["env_make_kwargs"])
+    try:
+        return types.SimpleNamespace(
+            observation_space=env.observation_space,
+            action_space=env.action_space,
+        )
+    finally:
+        env.close()
+
+
+def _check_dataset_fits(
+    dataset: pc.PreferenceDataset,
+    spaces: types.SimpleNamespace,
+    path: str,
+    gym_id: str,
+) -> None:
+    obs = data_types.assert_not_dictobs(dataset.fragments1[0].obs)
+    acts = dataset.fragments1[0].acts
+    obs_space, act_space = spaces.observation_space, spaces.action_space
+    if tuple(obs.shape[1:]) != tuple(obs_space.shape):
+        raise ValueError(
+            f"dataset_path={path!r} holds observations of shape "
+            f"{tuple(obs.shape[1:])}, but environment.gym_id={gym_id!r} gives "
+            f"{tuple(obs_space.shape)}: set environment.gym_id (and "
+            "env_make_kwargs) to the environment the preferences came from",
+        )
+    if tuple(acts.shape[1:]) != tuple(act_space.shape or ()):
+        raise ValueError(
+            f"dataset_path={path!r} holds actions of shape {tuple(acts.shape[1:])}, "
+            f"but environment.gym_id={gym_id!r} gives {tuple(act_space.shape)}",
+        )
+
+
+def _regularizer_factory(
+    config: Mapping[str, Any],
+) -> Optional[regularizers.RegularizerFactory]:
+    kind = config["kind"]
+    if kind is None:
+        return None
+    updater = None
+    val_split = None
+    if config["scaling_factor"] is not None:
+        updater = updaters.IntervalParamScaler(
+            config["scaling_factor"],
+            tuple(config["tolerable_interval"]),
+        )
+        val_split = float(config["val_split"])
+    if kind == "lp":
+        return regularizers.LpRegularizer.create(
+            config["initial_lambda"],
+            updater,
+            val_split=val_split,  # type: ignore[arg-type]
+            p=config["p"],
+        )
+    return regularizers.WeightDecayRegularizer.create(
+        config["initial_lambda"],
+        updater,
+        val_split=val_split,  # type: ignore[arg-type]
+    )
+
+
+def _check_single_net(net: reward_nets.RewardNet) -> None:
+    if any(isinstance(m, reward_nets.RewardEnsemble) for m in net.modules()):
+        raise ValueError(
+            "reward.net_cls: train_reward_model trains a single reward net, not a "
+            "RewardEnsemble; train each member as its own run",
+        )
+
+
+def _split_digest(indices: np.ndarray) -> str:
+    return hashlib.sha256(np.asarray(indices, dtype=np.int64).tobytes()).hexdigest()
+
+
+def _check_resumable(
+    state: checkpoint.TrainingState,
+    metadata: Mapping[str, Any],
+    path: str,
+) -> None:
+    for key, value in metadata.items():
+        if state.metadata.get(key) != value:
+            raise ValueError(
+                f"resume_from={path!r} was written for {key}="
+                f"{state.metadata.get(key)!r}, but this run has {value!r}: resume "
+                "with the same dataset_path, held_out_fraction and held_out_seed",
+            )
+
+
+@contextlib.contextmanager
+def _run_logger(
+    context: distributed.DistributedContext,
+) -> Iterator[Tuple[imit_logger.HierarchicalLogger, Optional[pathlib.Path]]]:
+    """The run's imitation logger on rank 0; one that keeps nothing on the others."""
+    if context.is_main:
+        custom_logger, log_dir = logging_ingredient.setup_logging()
+        yield custom_logger, log_dir
+        return
+    with tempfile.TemporaryDirectory(prefix="train_reward_model-") as scratch:
+        yield imit_logger.configure(folder=scratch, format_strs=[]), None
+
+
+def _agreed_seed(context: distributed.DistributedContext, seed: int) -> int:
+    """Rank 0's seed on every rank (sacred draws one per process if none is set)."""
+    if not context.distributed:
+        return seed
+    value = th.tensor([seed], dtype=th.int64)
+    if context.backend == "nccl":
+        value = value.to(context.device)
+    th.distributed.broadcast(value, 0)
+    return int(value.item())
+
+
+@train_reward_model_ex.main
+def train_reward_model(
+    dataset_path: str,
+    held_out_fraction: float,
+    held_out_seed: int,
+    preference_model_kwargs: Mapping[str, Any],
+    reward_trainer_kwargs: Mapping[str, Any],
+    regularizer: Mapping[str, Any],
+    device: str,
+    checkpoint_interval: int,
+    resume_from: Optional[str],
+    environment: Mapping[str, Any],
+    _seed: int,
+) -> Mapping[str, Any]:
+    """Trains a reward net on the preferences in ``dataset_path``.
+
+    Args:
+        dataset_path: A ``PreferenceDataset`` saved with ``PreferenceDataset.save``.
+        held_out_fraction: Share of the pairs held out and evaluated every epoch.
+        held_out_seed: Seed of the held-out split.
+        preference_model_kwargs: Arguments of imitation's ``PreferenceModel``.
+        reward_trainer_kwargs: Arguments of ``CrossEntropyRewardTrainer``.
+        regularizer: imitation regularizer settings (``kind`` None: none).
+        device: Where to train (``"auto"``: this process's GPU if any).
+        checkpoint_interval: Epochs between checkpoints (0: at the end; <0: never).
+        resume_from: A training state to continue from.
+        environment: The environment ingredient's config (for the spaces).
+        _seed: The run's seed (sacred).
+
+    Returns:
+        Held-out figures per epoch and the paths of the saved files (rank 0).
+    """
+    with distributed.distributed_session(device) as context:
+        return _train(
+            context,
+            dataset_path=dataset_path,
+            held_out_fraction=held_out_fraction,
+            held_out_seed=held_out_seed,
+            preference_model_kwargs=preference_model_kwargs,
+            trainer_kwargs=reward_trainer_kwargs,
+            regularizer=regularizer,
+            checkpoint_interval=checkpoint_interval,
+            resume_from=resume_from,
+            environment_config=environment,
+            seed=_seed,
+        )
+
+
+def _train(
+    context: distributed.DistributedContext,
+    *,
+    dataset_path: str,
+    held_out_fraction: float,
+    held_out_seed: int,
+    preference_model_kwargs: Mapping[str, Any],
+    trainer_kwargs: Mapping[str, Any],
+    regularizer: Mapping[str, Any],
+    checkpoint_interval: int,
+    resume_from: Optional[str],
+    environment_config: Mapping[str, Any],
+    seed: int,
+) -> Mapping[str, Any]:
+    kwargs = dict(trainer_kwargs)
+    epochs = int(kwargs.pop("epochs", 1))
+    kwargs["optimizer_cls"] = _optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
+    batch_size = int(kwargs.get("batch_size", 32))
+    distributed.check_batch_size(
+        "reward_trainer_kwargs.batch_size",
+        batch_size,
+        context.world_size,
+    )
+    seed = _agreed_seed(context, seed)
+    th.manual_seed(seed)
+
+    dataset = load_preference_dataset(dataset_path)
+    spaces = _environment_spaces(environment_config)
+    _check_dataset_fits(dataset, spaces, dataset_path, environment_config["gym_id"])
+    train_idx, held_out_idx = split_held_out(
+        len(dataset),
+        held_out_fraction,
+        held_out_seed,
+    )
+    if len(train_idx) < batch_size:
+        raise ValueError(
+            f"dataset_path={dataset_path!r} has {len(dataset)} pairs; after holding "
+            f"out {len(held_out_idx)} (held_out_fraction={held_out_fraction}), "
+            f"{len(train_idx)} remain for training, fewer than one batch "
+            f"(reward_trainer_kwargs.batch_size={batch_size})",
+        )
+    metadata = {
+        "dataset_pairs": len(dataset),
+        "held_out_split": _split_digest(held_out_idx),
+    }
+
+    net = reward.make_reward_net(spaces)
+    _check_single_net(net)
+    state = None
+    if resume_from is not None:
+        state = checkpoint.load_training_state(resume_from)
+        checkpoint.check_fits(state, net, resume_from)
+        _check_resumable(state, metadata, resume_from)
+    net = net.to(context.device)
+
+    with _run_logger(context) as (custom_logger, log_dir):
+        trainer = distributed.DistributedRewardTrainer(
+            pc.PreferenceModel(net, **preference_model_kwargs),
+            pc.CrossEntropyRewardLoss(),
+            np.random.default_rng(seed),
+            epochs=1,  # one epoch per train() call, to checkpoint between epochs
+            custom_logger=custom_logger,
+            regularizer_factory=_regularizer_factory(regularizer),
+            **kwargs,
+        )
+        first_epoch = 0
+        if state is not None:
+            assert resume_from is not None
+            checkpoint.restore_state(trainer, state, resume_from)
+            first_epoch = state.epoch
+            custom_logger.log(f"Resuming from {resume_from} after epoch {first_epoch}")
+
+        checkpoint_dir = None if log_dir is None else log_dir / "checkpoints"
+        state_path = None
+        if checkpoint_dir is not None and checkpoint_interval >= 0:
+            state_path = checkpoint_dir / checkpoint.TRAINING_STATE_NAME
+            checkpoint.remove_stale_temporaries(state_path)
+
+        def save_state(epoch: int) -> None:
+            if state_path is not None:
+                captured = checkpoint.capture_state(
+                    trainer,
+                    epoch=epoch,
+                    metadata=metadata,
+                )
+                checkpoint.save_training_state(captured, state_path)
+
+        train_set = subset(dataset, train_idx)
+        held_out_set = subset(dataset, held_out_idx)
+        history: List[Dict[str, float]] = []
+        for epoch in range(first_epoch, epochs):
+            trainer.train(train_set)
+            figures: Dict[str, float] = {"epoch": epoch + 1}
+            if len(held_out_idx):
+                result = trainer.evaluate(held_out_set)
+                figures["loss"] = result.loss
+                figures["accuracy"] = result.metrics["accuracy"]
+                custom_logger.record("held_out/loss", result.loss)
+                custom_logger.record("held_out/accuracy", result.metrics["accuracy"])
+            custom_logger.record("epoch", epoch + 1)
+            custom_logger.dump(epoch + 1)
+            history.append(figures)
+            last = epoch + 1 == epochs
+            periodic = (
+                checkpoint_interval > 0 and (epoch + 1) % checkpoint_interval == 0
+            )
+            if periodic or last:
+                save_state(epoch + 1)
+
+        results: Dict[str, Any] = {"epochs": epochs, "held_out": history}
+        if checkpoint_dir is not None:
+            final = checkpoint_dir / "final" / "reward_net.pt"
+            results["reward_net"] = str(checkpoint.save_reward_net(net, final))
+            if state_path is not None:
+                if first_epoch >= epochs:  # nothing trained: still leave a state
+                    save_state(first_epoch)
+                results["training_state"] = str(state_path)
+        return results
+
+
+def _exit_on_sigterm() -> None:
+    # torchrun stops the other ranks with SIGTERM when one fails; exiting through
+    # SystemExit runs the cleanup of an atomic write that is under way.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def main_console() -> None:
+    """Command-line entry point; under ``torchrun`` only rank 0 observes the run."""
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        observer_path = pathlib.Path.cwd() / "output" / "sacred" / "train_reward_model"
+        train_reward_model_ex.observers.append(FileStorageObserver(observer_path))
+    else:
+        quiet = logging.getLogger(f"train_reward_model.rank{rank}")
+        quiet.setLevel(logging.WARNING)
+        train_reward_model_ex.logger = quiet  # type: ignore[assignment]
+    _exit_on_sigterm()
+    train_reward_model_ex.run_commandline()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main_console()
