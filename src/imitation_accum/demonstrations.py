@@ -1,0 +1,201 @@
+r"""Local demonstrations for AIRL and GAIL: make them, and load them compactly.
+
+imitation's experiments load experts from a model hub; offline, AIRL and GAIL read
+demonstrations from a local file instead (``demonstrations.source=local``,
+``demonstrations.path=...``), in imitation's own format
+(``imitation.data.serialize.save``). :func:`make_demonstrations` rolls a policy out
+in an environment and saves such a file; from the command line::
+
+    python -m imitation_accum.demonstrations \
+        --gym-id imitation_accum/PongNoFrameskip-v4 --episodes 20 --out demos/pong \
+        --policy-type ppo --policy-path path/to/model.zip
+
+imitation's loader turns saved uint8 frames into int64 (8 times the memory) through
+Python lists; :class:`TrajectoryDatasetSequence`, which
+:func:`imitation_accum.patch` installs in its place, keeps the saved dtypes and
+reads the arrays straight from Arrow.
+"""
+
+import argparse
+import dataclasses
+import pathlib
+from typing import Any, List, Optional, Sequence, Union
+
+import numpy as np
+import pyarrow as pa
+from imitation.data import huggingface_utils, rollout, serialize, types
+from imitation.policies import serialize as policies_serialize
+from imitation.util import util
+from stable_baselines3.common import vec_env
+
+from imitation_accum import atari  # noqa: F401  (registers the Atari ids)
+
+_ARRAY_FIELDS = ("obs", "acts", "rews")
+
+
+def _list_array_to_numpy(column: pa.ChunkedArray) -> np.ndarray:
+    """One row of a nested-list Arrow column as an array of the stored dtype."""
+    array = column.combine_chunks()
+    shape = [len(array)]
+    while pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
+        lengths = array.value_lengths().to_numpy(zero_copy_only=False)
+        if len(lengths) == 0 or (lengths != lengths[0]).any():
+            return np.asarray(column.to_pylist()[0])  # ragged: imitation's way
+        shape.append(int(lengths[0]))
+        array = array.flatten()
+    return array.to_numpy(zero_copy_only=False).reshape(shape)[0]
+
+
+class TrajectoryDatasetSequence(huggingface_utils.TrajectoryDatasetSequence):
+    """Saved trajectories with the dtypes they were saved with.
+
+    A drop-in for imitation's ``TrajectoryDatasetSequence`` (what
+    ``imitation.data.serialize.load`` returns for a saved dataset): observations,
+    actions and rewards are read from Arrow as arrays of their stored dtype (uint8
+    frames stay uint8) instead of through Python lists as int64.
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        """Wraps a dataset saved by ``imitation.data.serialize.save``.
+
+        Args:
+            dataset: The HuggingFace ``datasets.Dataset``.
+        """
+        super().__init__(dataset)
+        self._arrow = self.dataset.with_format("arrow")
+
+    def __getitem__(self, idx: Union[int, slice]) -> Any:
+        """The trajectory at ``idx`` (a list of them for a slice)."""
+        if isinstance(idx, slice):
+            return [self[i] for i in range(*idx.indices(len(self)))]
+        if idx < 0:
+            idx += len(self)
+        if not 0 <= idx < len(self):
+            raise IndexError(f"trajectory {idx} of {len(self)}")
+        row = self._arrow[idx]
+        fields = {
+            name: _list_array_to_numpy(row.column(name))
+            for name in _ARRAY_FIELDS
+            if name in row.column_names
+        }
+        # Infos decode lazily, as in imitation (which passes the same list type).
+        infos = huggingface_utils._LazyDecodedList(row.column("infos")[0].as_py())
+        return self._trajectory_class(
+            **fields,
+            infos=infos,  # type: ignore[arg-type]
+            terminal=row.column("terminal")[0].as_py(),
+        )
+
+
+def rollout_demonstrations(
+    venv: vec_env.VecEnv,
+    policy: Any,
+    *,
+    n_episodes: int,
+    rng: np.random.Generator,
+) -> List[types.TrajectoryWithRew]:
+    """Rolls ``policy`` out for at least ``n_episodes`` complete episodes.
+
+    Args:
+        venv: The environment, as the trainer will see it.
+        policy: Anything imitation's ``rollout`` accepts (an SB3 policy or
+            algorithm, or a callable).
+        n_episodes: Minimum number of complete episodes.
+        rng: Draws the order in which finished episodes are returned.
+
+    Returns:
+        The trajectories, without their per-step ``infos``.
+    """
+    trajectories = rollout.generate_trajectories(
+        policy,
+        venv,
+        rollout.make_sample_until(min_timesteps=None, min_episodes=n_episodes),
+        rng=rng,
+        deterministic_policy=False,
+    )
+    return [dataclasses.replace(traj, infos=None) for traj in trajectories]
+
+
+def make_demonstrations(
+    path: Union[str, pathlib.Path],
+    *,
+    gym_id: str,
+    n_episodes: int,
+    policy_type: str = "random",
+    policy_path: Optional[str] = None,
+    max_episode_steps: Optional[int] = None,
+    seed: int = 0,
+) -> Sequence[types.TrajectoryWithRew]:
+    """Rolls a policy out in ``gym_id`` and saves the episodes to ``path``.
+
+    The file is what ``demonstrations.source=local demonstrations.path=PATH``
+    reads. The environment is built as imitation's environment ingredient builds
+    it, so its observations match the trainer's.
+
+    Args:
+        path: Where to save (a directory, imitation's format).
+        gym_id: The environment (``environment.gym_id`` of the training run).
+        n_episodes: Minimum number of complete episodes.
+        policy_type: imitation's policy type: ``"random"``, ``"zero"``, ``"ppo"``,
+            ``"sac"``, ...
+        policy_path: The saved policy for ``"ppo"`` or ``"sac"`` (imitation's
+            ``expert.loader_kwargs.path``).
+        max_episode_steps: The fixed horizon (``environment.max_episode_steps``);
+            ``None`` keeps the environment's own.
+        seed: Seeds the environment and the rollout.
+
+    Returns:
+        The saved trajectories.
+    """
+    rng = np.random.default_rng(seed)
+    venv = util.make_vec_env(
+        gym_id,
+        rng=rng,
+        n_envs=1,
+        max_episode_steps=max_episode_steps,
+    )
+    try:
+        loader_kwargs = {} if policy_path is None else {"path": policy_path}
+        policy = policies_serialize.load_policy(policy_type, venv, **loader_kwargs)
+        trajectories = rollout_demonstrations(
+            venv,
+            policy,
+            n_episodes=n_episodes,
+            rng=rng,
+        )
+    finally:
+        venv.close()
+    serialize.save(path, trajectories)
+    return trajectories
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Command line for :func:`make_demonstrations`.
+
+    Args:
+        argv: Arguments (``sys.argv[1:]`` if ``None``).
+    """
+    parser = argparse.ArgumentParser(description=make_demonstrations.__doc__)
+    parser.add_argument("--gym-id", required=True, help="environment.gym_id")
+    parser.add_argument("--out", required=True, help="where to save")
+    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--policy-type", default="random")
+    parser.add_argument("--policy-path", default=None)
+    parser.add_argument("--max-episode-steps", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    trajectories = make_demonstrations(
+        args.out,
+        gym_id=args.gym_id,
+        n_episodes=args.episodes,
+        policy_type=args.policy_type,
+        policy_path=args.policy_path,
+        max_episode_steps=args.max_episode_steps,
+        seed=args.seed,
+    )
+    steps = sum(len(traj) for traj in trajectories)
+    print(f"Saved {len(trajectories)} episodes ({steps} transitions) to {args.out}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

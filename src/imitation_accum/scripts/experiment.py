@@ -1,0 +1,125 @@
+"""imitation's sacred experiments, run with this package's trainers.
+
+:func:`derive` builds a new experiment from one of imitation's: the same ingredients,
+config scopes, named configs, config hooks, captured functions and commands (so
+every imitation config key and named config works, and imitation's own code runs),
+as a :class:`PatchedExperiment`, which configures and runs under
+:func:`imitation_accum.patched`. This package's experiments then add named configs
+and checks.
+"""
+
+import logging
+import pathlib
+from typing import Any, Optional, Set
+
+import sacred
+from sacred.config import save_config_file
+from sacred.observers import FileStorageObserver
+
+from imitation_accum.patch import patched
+
+
+class PatchedExperiment(sacred.Experiment):
+    """A sacred experiment that configures and runs under ``imitation_accum.patched()``.
+
+    Every way of running it (``ex.run``, the command line, ``print_config``) goes
+    through :meth:`run`, so imitation's code that it runs uses this package's
+    trainers, and config hooks see the patched reward ingredient.
+    """
+
+    def run(self, *args: Any, **kwargs: Any) -> sacred.run.Run:
+        """Runs as ``sacred.Experiment.run`` does, with imitation patched.
+
+        Args:
+            args: As for ``sacred.Experiment.run``.
+            kwargs: As for ``sacred.Experiment.run``.
+
+        Returns:
+            The finished run.
+        """
+        with patched():
+            return super().run(*args, **kwargs)
+
+
+def derive(imitation_experiment: sacred.Experiment) -> PatchedExperiment:
+    """A :class:`PatchedExperiment` that is a copy of one of imitation's experiments.
+
+    The new experiment shares imitation's ingredients and reuses its config scopes,
+    named configs, config hooks, captured functions, commands and run hooks (no
+    code is copied); what is added to it later does not change imitation's.
+
+    Args:
+        imitation_experiment: Such as imitation's ``train_preference_comparisons_ex``.
+
+    Returns:
+        The new experiment, with the same name.
+    """
+    ex = PatchedExperiment(
+        str(imitation_experiment.path),
+        ingredients=imitation_experiment.ingredients,
+    )
+    ex.configurations.extend(imitation_experiment.configurations)
+    ex.named_configs.update(imitation_experiment.named_configs)
+    ex.config_hooks.extend(imitation_experiment.config_hooks)
+    ex.captured_functions.extend(imitation_experiment.captured_functions)
+    ex.pre_run_hooks.extend(imitation_experiment.pre_run_hooks)
+    ex.post_run_hooks.extend(imitation_experiment.post_run_hooks)
+    for name, command in imitation_experiment.commands.items():
+        ex.commands.setdefault(name, command)
+    ex.default_command = imitation_experiment.default_command
+    sacred_commands = set(sacred.Experiment("commands").commands)
+    training = set(imitation_experiment.commands) - sacred_commands
+    _add_run_directory_hooks(ex, training)
+    return ex
+
+
+def _add_run_directory_hooks(ex: sacred.Experiment, training: Set[str]) -> None:
+    """Run hooks of the training commands (not of ``print_config`` and the like)."""
+
+    def trains(run: sacred.run.Run) -> bool:
+        return run.main_function.__name__ in training
+
+    @ex.pre_run_hook
+    def save_config(_run: sacred.run.Run, _log: logging.Logger) -> None:
+        """Saves the config in the run directory and says where that is."""
+        if not trains(_run):
+            return
+        log_dir = pathlib.Path(_run.config["logging"]["log_dir"])
+        log_dir.mkdir(parents=True, exist_ok=True)
+        save_config_file(_run.config, str(log_dir / "config.json"))
+        _log.info(f"Run directory: {log_dir.resolve()}")
+        observer = _file_observer_dir(_run)
+        if observer is not None:
+            _log.info(f"Sacred run record: {observer.resolve()}")
+
+    @ex.post_run_hook
+    def report_run_directory(_run: sacred.run.Run, _log: logging.Logger) -> None:
+        """Says where the results are."""
+        if not trains(_run):
+            return
+        log_dir = pathlib.Path(_run.config["logging"]["log_dir"]).resolve()
+        _log.info(
+            f"Done. Run directory: {log_dir} (reward nets under checkpoints/, "
+            "logs under log/, the config in config.json)",
+        )
+
+
+def _file_observer_dir(run: sacred.run.Run) -> Optional[pathlib.Path]:
+    for observer in run.observers:
+        if isinstance(observer, FileStorageObserver) and observer.dir is not None:
+            return pathlib.Path(observer.dir)
+    return None
+
+
+def main_console(ex: sacred.Experiment) -> None:
+    """Runs ``ex``'s command line, recording runs as imitation's scripts do.
+
+    Runs are recorded (config, metrics, captured output) under
+    ``output/sacred/<experiment name>/`` in the working directory.
+
+    Args:
+        ex: The experiment.
+    """
+    observer_path = pathlib.Path.cwd() / "output" / "sacred" / str(ex.path)
+    ex.observers.append(FileStorageObserver(observer_path))
+    ex.run_commandline()

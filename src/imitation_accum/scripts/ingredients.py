@@ -1,0 +1,268 @@
+"""Fixes and checks for imitation's sacred ingredients.
+
+- The reward ingredient always gives its net a ``normalize_input_layer``, which CNN
+  reward nets (``CnnRewardNet``,
+  :class:`imitation_accum.reward_nets.CnnShapedRewardNet`) reject:
+  :func:`add_reward_config_hook` and :func:`reward_net_builder` (installed by
+  :func:`imitation_accum.patch`) leave it out for them.
+- Config checks that run before anything is built (sacred config hooks of this
+  package's experiments): the environment id, local demonstrations, and the
+  keyword arguments meant for a trainer.
+"""
+
+import difflib
+import functools
+import inspect
+import pathlib
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Type
+
+import gymnasium as gym
+import sacred
+from imitation.rewards import reward_nets
+
+from imitation_accum import _validation, atari
+from imitation_accum import reward_nets as accum_reward_nets
+
+ConfigHook = Callable[[Dict[str, Any], str, Any], Dict[str, Any]]
+
+_NORM_KEY = "reward.net_kwargs.normalize_input_layer"
+
+
+def image_reward_nets() -> Tuple[Type[reward_nets.RewardNet], ...]:
+    """Reward net classes that read images and take no input normalization layer.
+
+    Returns:
+        ``CnnRewardNet`` and this package's CNN shaped reward net.
+    """
+    return (reward_nets.CnnRewardNet, accum_reward_nets.CnnShapedRewardNet)
+
+
+def is_image_reward_net(net_cls: object) -> bool:
+    """Whether ``net_cls`` is a CNN reward net class (see :func:`image_reward_nets`).
+
+    Args:
+        net_cls: Anything; typically ``reward.net_cls``.
+
+    Returns:
+        ``True`` for subclasses of the classes of :func:`image_reward_nets`.
+    """
+    return isinstance(net_cls, type) and issubclass(net_cls, image_reward_nets())
+
+
+def _no_input_norm(net_cls: type, layer: object) -> None:
+    if layer is not None:
+        raise ValueError(
+            f"{_NORM_KEY}={getattr(layer, '__name__', layer)!r}: {net_cls.__name__} "
+            "reads images and has no input normalization; set it to None",
+        )
+
+
+def reward_net_builder(make_reward_net: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps the reward ingredient's ``_make_reward_net`` to build CNN reward nets.
+
+    Args:
+        make_reward_net: imitation's ``reward._make_reward_net(venv, net_cls,
+            net_kwargs, normalize_output_layer)``.
+
+    Returns:
+        The same function, except that for a CNN reward net a
+        ``normalize_input_layer=None`` is left out of the net's arguments.
+    """
+
+    @functools.wraps(make_reward_net)
+    def build(
+        venv: Any,
+        net_cls: type,
+        net_kwargs: Mapping[str, Any],
+        normalize_output_layer: Any,
+    ) -> Any:
+        if is_image_reward_net(net_cls):
+            net_kwargs = dict(net_kwargs)
+            _no_input_norm(net_cls, net_kwargs.pop("normalize_input_layer", None))
+        return make_reward_net(venv, net_cls, net_kwargs, normalize_output_layer)
+
+    return build
+
+
+def _reward_config_hook(
+    config: Dict[str, Any],
+    command_name: str,
+    logger: Any,
+) -> Dict[str, Any]:
+    """For CNN reward nets: ``normalize_input_layer=None``, not imitation's default."""
+    del logger
+    reward = config["reward"]
+    specific = reward.get("algorithm_specific", {}).get(command_name, {})
+    net_cls = specific.get("net_cls", reward["net_cls"])
+    if not is_image_reward_net(net_cls):
+        return {}
+    net_kwargs = {**reward["net_kwargs"], **specific.get("net_kwargs", {})}
+    _no_input_norm(net_cls, net_kwargs.get("normalize_input_layer"))
+    return {"net_kwargs": {"normalize_input_layer": None}}
+
+
+def add_reward_config_hook() -> Callable[[], None]:
+    """Adds the CNN reward net hook to imitation's reward ingredient.
+
+    imitation's own hook adds ``normalize_input_layer=RunningNorm`` to every net's
+    arguments unless the config names one; this hook (which runs after it) sets it
+    to ``None`` for CNN reward nets and rejects a configured layer.
+
+    Returns:
+        A function that removes the hook again.
+    """
+    from imitation.scripts.ingredients import reward
+
+    hooks = reward.reward_ingredient.config_hooks
+    hooks.append(_reward_config_hook)
+    return lambda: hooks.remove(_reward_config_hook)
+
+
+def check_environment(
+    config: Dict[str, Any],
+    command_name: str,
+    logger: Any,
+) -> Dict[str, Any]:
+    """Config hook: the environment id exists and its horizon is valid.
+
+    Raises:
+        ValueError: naming ``environment.gym_id`` (with near matches) or
+            ``environment.max_episode_steps``.
+    """
+    del command_name, logger
+    env = config["environment"]
+    gym_id = env["gym_id"]
+    try:
+        gym.spec(gym_id)
+    except (gym.error.Error, ModuleNotFoundError) as error:
+        near = difflib.get_close_matches(gym_id, list(gym.registry), n=3, cutoff=0.8)
+        raise ValueError(atari.unknown_id_message(gym_id, near)) from error
+    _validation.optional_positive_int(
+        "environment.max_episode_steps",
+        env["max_episode_steps"],
+    )
+    return {}
+
+
+def check_demonstrations(
+    config: Dict[str, Any],
+    command_name: str,
+    logger: Any,
+) -> Dict[str, Any]:
+    """Config hook: local demonstrations name a file that exists.
+
+    Raises:
+        ValueError: naming ``demonstrations.source`` or ``demonstrations.path``.
+    """
+    del command_name, logger
+    demos = config["demonstrations"]
+    sources = ("local", "huggingface", "generated")
+    if demos["source"] not in sources:
+        raise ValueError(
+            f"demonstrations.source={demos['source']!r} must be one of {sources}",
+        )
+    if demos["source"] != "local":
+        return {}
+    path = demos["path"]
+    if path is None:
+        raise ValueError(
+            "demonstrations.source='local' needs demonstrations.path: trajectories "
+            "saved with imitation.data.serialize.save",
+        )
+    if not pathlib.Path(path).exists():
+        raise ValueError(f"demonstrations.path={path!r}: no such file or directory")
+    return {}
+
+
+def accepted_keywords(cls: type, exclude: Iterable[str] = ()) -> Dict[str, Any]:
+    """The keyword arguments ``cls(...)`` accepts, with their defaults.
+
+    Follows ``**kwargs`` up the method resolution order, as a constructor that
+    passes them on to its base class does.
+
+    Args:
+        cls: The class.
+        exclude: Names to leave out (those the caller passes itself).
+
+    Returns:
+        Argument name to default (``inspect.Parameter.empty`` if required).
+    """
+    accepted: Dict[str, Any] = {}
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        for p in params:
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                accepted.setdefault(p.name, p.default)
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return {k: v for k, v in accepted.items() if k not in set(exclude)}
+
+
+def check_keywords(
+    key: str,
+    kwargs: Mapping[str, Any],
+    accepted: Mapping[str, Any],
+    target: str,
+) -> None:
+    """Checks that every key of ``kwargs`` is an argument of ``target``.
+
+    Args:
+        key: The config key holding ``kwargs`` (such as ``reward_trainer_kwargs``).
+        kwargs: Its value.
+        accepted: The accepted names (see :func:`accepted_keywords`).
+        target: What receives them, for the message.
+
+    Raises:
+        ValueError: naming the first unknown key, with near matches.
+    """
+    for name in kwargs:
+        if name not in accepted:
+            near = difflib.get_close_matches(name, list(accepted), n=3)
+            hint = f"; did you mean {' or '.join(near)}?" if near else ""
+            raise ValueError(
+                f"{key}.{name}: {target} has no argument {name!r}{hint} "
+                f"(it takes: {', '.join(sorted(accepted))})",
+            )
+
+
+def check_batch_sizes(
+    key: str,
+    kwargs: Mapping[str, Any],
+    accepted: Mapping[str, Any],
+    batch_name: str,
+    minibatch_names: Iterable[str],
+) -> None:
+    """Checks a batch size and its minibatch sizes as the trainer will.
+
+    Args:
+        key: The config key holding ``kwargs``.
+        kwargs: Its value.
+        accepted: The trainer's arguments and defaults.
+        batch_name: The batch size argument (``batch_size``, ``demo_batch_size``).
+        minibatch_names: Its minibatch size arguments.
+
+    Raises:
+        ValueError: naming the key whose value is invalid.
+    """
+    batch = kwargs.get(batch_name, accepted.get(batch_name))
+    batch_key = f"{key}.{batch_name}"
+    batch = _validation.positive_int(batch_key, batch)
+    for name in minibatch_names:
+        value: Optional[int] = _validation.optional_positive_int(
+            f"{key}.{name}",
+            kwargs.get(name),
+        )
+        _validation.minibatch_within_batch(f"{key}.{name}", value, batch_key, batch)
+
+
+def add_hooks(experiment: sacred.Ingredient, hooks: Iterable[ConfigHook]) -> None:
+    """Registers config hooks on ``experiment``.
+
+    Args:
+        experiment: A sacred experiment or ingredient.
+        hooks: Functions ``(config, command_name, logger) -> updates``.
+    """
+    for hook in hooks:
+        experiment.config_hook(hook)

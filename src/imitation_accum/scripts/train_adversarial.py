@@ -1,0 +1,126 @@
+r"""imitation's AIRL/GAIL experiment, training with this package's discriminators.
+
+The same sacred experiment as ``imitation.scripts.train_adversarial`` (its config,
+named configs, ingredients, ``airl`` and ``gail`` commands and code), run under
+:func:`imitation_accum.patched`: ``algorithm_kwargs`` go to
+:class:`imitation_accum.AIRL` or :class:`imitation_accum.GAIL`, so
+``algorithm_kwargs.demo_minibatch_size`` (alias ``minibatch_size``) accumulates
+exactly and ``max_grad_norm`` is a config key too. Added: the Atari named configs
+(``atari_pong``, ``atari_breakout``, ..., ``atari_pong_unwrapped``; AIRL gets
+:class:`imitation_accum.reward_nets.CnnShapedRewardNet`), a ``fast`` named config
+for tests, and checks that reject a bad config before anything is built.
+
+Demonstrations come from a local file offline: ``demonstrations.source=local
+demonstrations.path=PATH`` (see :mod:`imitation_accum.demonstrations` for how to
+make one).
+
+Usage::
+
+    python -m imitation_accum.scripts.train_adversarial airl with atari_pong \
+        demonstrations.path=demos/pong algorithm_kwargs.demo_minibatch_size=128
+
+The run directory (``logging.log_dir``, by default
+``output/{airl,gail}/<env>/<timestamp>``) holds the discriminator's reward nets
+(``checkpoints/final/reward_{train,test}.pt``), the generator policy, the logs and
+``config.json``.
+"""
+
+from typing import Any, Dict
+
+from imitation.scripts.train_adversarial import train_adversarial_ex as imitation_ex
+
+import imitation_accum
+from imitation_accum.scripts import atari_configs, experiment, ingredients
+
+train_adversarial_ex = experiment.derive(imitation_ex)
+
+ALGORITHMS = {"airl": imitation_accum.AIRL, "gail": imitation_accum.GAIL}
+# Passed by imitation's script itself, or stripped by it before the constructor.
+_SCRIPT_ARGUMENTS = ("venv", "demonstrations", "gen_algo", "log_dir", "reward_net")
+_STRIPPED = ("shared", "airl", "gail")
+
+
+def check_algorithm_kwargs(
+    config: Dict[str, Any],
+    command_name: str,
+    logger: Any,
+) -> Dict[str, Any]:
+    """Config hook: ``algorithm_kwargs`` are arguments of AIRL or GAIL.
+
+    Raises:
+        ValueError: naming the unknown or invalid ``algorithm_kwargs.<key>``.
+    """
+    del logger
+    algorithm = ALGORITHMS.get(command_name)
+    if algorithm is None:  # print_config and other commands
+        return {}
+    specific = config["algorithm_specific"].get(command_name, {})
+    kwargs = {
+        **config["algorithm_kwargs"],
+        **specific.get("algorithm_kwargs", {}),
+    }
+    kwargs = {k: v for k, v in kwargs.items() if k not in _STRIPPED}
+    accepted = ingredients.accepted_keywords(
+        algorithm,
+        exclude=(*_SCRIPT_ARGUMENTS, "custom_logger"),
+    )
+    ingredients.check_keywords(
+        "algorithm_kwargs",
+        kwargs,
+        accepted,
+        algorithm.__name__,
+    )
+    ingredients.check_batch_sizes(
+        "algorithm_kwargs",
+        kwargs,
+        accepted,
+        "demo_batch_size",
+        ["demo_minibatch_size", "minibatch_size"],
+    )
+    return {}
+
+
+ingredients.add_hooks(
+    train_adversarial_ex,
+    [
+        ingredients.check_environment,
+        ingredients.check_demonstrations,
+        check_algorithm_kwargs,
+    ],
+)
+
+FAST: Dict[str, Any] = dict(
+    # imitation's `fast` for this experiment and its ingredients, in one.
+    total_timesteps=10,
+    algorithm_kwargs=dict(
+        demo_batch_size=4,
+        demo_minibatch_size=2,
+        n_disc_updates_per_round=2,
+    ),
+    environment=dict(num_vec=2, parallel=False, max_episode_steps=5),
+    rl=dict(batch_size=2, rl_kwargs=dict(batch_size=2, n_epochs=1)),
+    policy=dict(policy_kwargs=dict(ortho_init=False)),  # QR of CNN weights is slow
+    policy_evaluation=dict(n_episodes_eval=1),
+    demonstrations=dict(n_expert_demos=None),
+)
+
+del train_adversarial_ex.named_configs["fast"]  # imitation's, extended
+train_adversarial_ex.add_named_config("fast", FAST)
+for _name, _game in atari_configs.GAMES.items():
+    train_adversarial_ex.add_named_config(
+        _name,
+        atari_configs.adversarial_config(_game),
+    )
+train_adversarial_ex.add_named_config(
+    "atari_pong_unwrapped",
+    atari_configs.adversarial_unwrapped_config(),
+)
+
+
+def main_console() -> None:
+    """The command line; runs are recorded under ``output/sacred/``."""
+    experiment.main_console(train_adversarial_ex)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main_console()

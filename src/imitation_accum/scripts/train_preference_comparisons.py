@@ -1,0 +1,109 @@
+r"""imitation's preference-comparisons experiment, training with this package's trainer.
+
+The same sacred experiment as ``imitation.scripts.train_preference_comparisons``
+(its config, named configs, ingredients and code), run under
+:func:`imitation_accum.patched`: ``reward_trainer_kwargs`` go to
+:class:`imitation_accum.CrossEntropyRewardTrainer` (or its ``EnsembleTrainer``), so
+``reward_trainer_kwargs.minibatch_size`` accumulates exactly and the trainer's own
+arguments (``forward_size``, ``max_grad_norm``, ...) are config keys too. Added:
+the Atari named configs (``atari_pong``, ``atari_breakout``, ...,
+``atari_pong_unwrapped``), a ``fast`` named config for tests, and checks that
+reject a bad config before anything is built.
+
+Usage::
+
+    python -m imitation_accum.scripts.train_preference_comparisons with atari_pong \
+        reward_trainer_kwargs.minibatch_size=8
+    python -m imitation_accum.scripts.train_preference_comparisons with \
+        configs/pong_24gb.json
+
+The run directory (``logging.log_dir``, by default
+``output/train_preference_comparisons/<env>/<timestamp>``) holds the reward net
+(``checkpoints/final/reward_net.pt``), the agent, the logs and ``config.json``.
+"""
+
+from typing import Any, Dict
+
+from imitation.scripts.train_preference_comparisons import (
+    train_preference_comparisons_ex as imitation_ex,
+)
+
+import imitation_accum
+from imitation_accum.scripts import atari_configs, experiment, ingredients
+
+train_preference_comparisons_ex = experiment.derive(imitation_ex)
+
+_TRAINER_OWN_ARGUMENTS = ("preference_model", "loss", "rng", "custom_logger")
+
+
+def check_reward_trainer_kwargs(
+    config: Dict[str, Any],
+    command_name: str,
+    logger: Any,
+) -> Dict[str, Any]:
+    """Config hook: ``reward_trainer_kwargs`` are arguments of the trainer.
+
+    Raises:
+        ValueError: naming the unknown or invalid ``reward_trainer_kwargs.<key>``.
+    """
+    del command_name, logger
+    kwargs = config["reward_trainer_kwargs"]
+    accepted = ingredients.accepted_keywords(
+        imitation_accum.CrossEntropyRewardTrainer,
+        exclude=_TRAINER_OWN_ARGUMENTS,
+    )
+    ingredients.check_keywords(
+        "reward_trainer_kwargs",
+        kwargs,
+        accepted,
+        "CrossEntropyRewardTrainer",
+    )
+    ingredients.check_batch_sizes(
+        "reward_trainer_kwargs",
+        kwargs,
+        accepted,
+        "batch_size",
+        ["minibatch_size"],
+    )
+    return {}
+
+
+ingredients.add_hooks(
+    train_preference_comparisons_ex,
+    [ingredients.check_environment, check_reward_trainer_kwargs],
+)
+
+FAST: Dict[str, Any] = dict(
+    # imitation's `fast` for this experiment and its ingredients, in one.
+    total_timesteps=50,
+    total_comparisons=5,
+    initial_comparison_frac=0.2,
+    num_iterations=1,
+    fragment_length=2,
+    reward_trainer_kwargs=dict(epochs=1),
+    environment=dict(num_vec=2, parallel=False, max_episode_steps=5),
+    rl=dict(batch_size=2, rl_kwargs=dict(batch_size=2, n_epochs=1)),
+    policy=dict(policy_kwargs=dict(ortho_init=False)),  # QR of CNN weights is slow
+    policy_evaluation=dict(n_episodes_eval=1),
+)
+
+del train_preference_comparisons_ex.named_configs["fast"]  # imitation's, extended
+train_preference_comparisons_ex.add_named_config("fast", FAST)
+for _name, _game in atari_configs.GAMES.items():
+    train_preference_comparisons_ex.add_named_config(
+        _name,
+        atari_configs.preference_config(_game),
+    )
+train_preference_comparisons_ex.add_named_config(
+    "atari_pong_unwrapped",
+    atari_configs.preference_unwrapped_config(),
+)
+
+
+def main_console() -> None:
+    """The command line; runs are recorded under ``output/sacred/``."""
+    experiment.main_console(train_preference_comparisons_ex)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main_console()

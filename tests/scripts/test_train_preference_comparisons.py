@@ -1,0 +1,126 @@
+"""Smoke tests: the preference-comparisons experiment and each of its named configs."""
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch as th
+from imitation.rewards import reward_nets
+from stable_baselines3 import PPO
+
+from imitation_accum.scripts import atari_configs
+from imitation_accum.scripts.train_preference_comparisons import (
+    train_preference_comparisons_ex as ex,
+)
+from tests.scripts import helpers
+
+QUIET = {"progress_bar": False, "forward_size": 4}
+
+
+def test_fast_trains_with_this_package_trainer(tmp_path):
+    run = helpers.run(
+        ex,
+        tmp_path,
+        ["fast"],
+        {"reward_trainer_kwargs": {"batch_size": 4, "minibatch_size": 2, **QUIET}},
+    )
+    assert np.isfinite(run.result["reward_loss"])
+    log_dir = helpers.log_dir(run)
+    assert (log_dir / "checkpoints" / "final" / "reward_net.pt").is_file()
+    config = json.loads((log_dir / "config.json").read_text())
+    assert config["reward_trainer_kwargs"]["minibatch_size"] == 2
+    rows = helpers.progress(run)
+    helpers.assert_finite_losses(rows, "train/loss")
+    # Only this package's trainer logs minibatches per step: 5 pairs in batches of
+    # 4 (two minibatches of 2) and 1 (one minibatch).
+    final = rows[-1]
+    assert final["reward/final/train/minibatches_per_step"] == pytest.approx(1.5)
+
+
+def test_trainer_arguments_are_config_keys(tmp_path):
+    run = helpers.run(
+        ex,
+        tmp_path,
+        ["fast"],
+        {
+            "reward_trainer_kwargs": {
+                "batch_size": 2,
+                "minibatch_size": 1,
+                "max_grad_norm": 0.5,
+                **QUIET,
+            },
+        },
+    )
+    rows = helpers.progress(run)
+    # 5 pairs in batches of 2, 2 and 1, one pair per minibatch.
+    assert rows[-1]["reward/final/train/minibatches_per_step"] == pytest.approx(5 / 3)
+    assert rows[-1]["reward/final/train/forward_size"] == 4
+
+
+# The first reward training runs 200 epochs (imitation's initial_epoch_multiplier):
+# Pong's named config runs as is, the others with a narrower CNN to keep this fast.
+NARROW = {"net_kwargs": {"hid_channels": (4,)}}
+ATARI = [
+    *[
+        (name, (84, 84, 4), {} if name == "atari_pong" else NARROW)
+        for name in atari_configs.GAMES
+    ],
+    ("atari_pong_unwrapped", (210, 160, 3), NARROW),
+]
+
+
+@pytest.mark.parametrize(("named_config", "frame_shape", "reward"), ATARI)
+def test_atari_named_config(tmp_path, named_config, frame_shape, reward):
+    run = helpers.run(
+        ex,
+        tmp_path,
+        [named_config, "fast"],
+        {
+            "reward_trainer_kwargs": {"minibatch_size": 1, **QUIET},
+            "reward": reward,
+            "save_preferences": True,
+        },
+    )
+    log_dir = helpers.log_dir(run)
+    helpers.assert_finite_losses(helpers.progress(run), "train/loss")
+
+    net = th.load(
+        log_dir / "checkpoints" / "final" / "reward_net.pt", weights_only=False
+    )
+    assert isinstance(net, reward_nets.NormalizedRewardNet)
+    assert isinstance(net.base, reward_nets.CnnRewardNet)
+    assert net.observation_space.shape == frame_shape  # height, width, channels
+    # The policy gets the same frames channel-first (SB3's VecTransposeImage).
+    policy = PPO.load(log_dir / "checkpoints" / "final" / "policy" / "model.zip")
+    height, width, channels = frame_shape
+    assert policy.observation_space.shape == (channels, height, width)
+
+    with open(log_dir / "preferences.pkl", "rb") as f:
+        dataset = pickle.load(f)
+    for fragment in dataset.fragments1 + dataset.fragments2:
+        assert fragment.obs.dtype == np.uint8
+        assert fragment.obs.shape[1:] == frame_shape
+
+
+@pytest.mark.parametrize("named_config", [*atari_configs.GAMES, "atari_pong_unwrapped"])
+def test_atari_named_config_prints(named_config, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ex.run("print_config", named_configs=[named_config])
+    assert "CnnRewardNet" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())  # no run directory for print_config
+
+
+def test_imitation_reward_ensemble_named_config(tmp_path):
+    run = helpers.run(
+        ex,
+        tmp_path,
+        ["fast", "reward.reward_ensemble"],
+        {"reward_trainer_kwargs": {"batch_size": 4, "minibatch_size": 3, **QUIET}},
+    )
+    net = th.load(
+        helpers.log_dir(run) / "checkpoints" / "final" / "reward_net.pt",
+        weights_only=False,
+    )
+    assert isinstance(net.base, reward_nets.RewardEnsemble)
+    helpers.assert_finite_losses(helpers.progress(run), "train/loss")

@@ -1,0 +1,190 @@
+"""patch(), unpatch(), patched(): imitation's own code runs this package's trainers."""
+
+import csv
+import pathlib
+import types
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+from imitation.algorithms import preference_comparisons as pc
+from imitation.algorithms.adversarial import airl, gail
+from imitation.data import huggingface_utils
+from imitation.data.types import TrajectoryWithRew
+from imitation.rewards import reward_nets
+from imitation.scripts.ingredients import reward as reward_ingredient
+from imitation.scripts.train_adversarial import train_adversarial_ex
+from imitation.scripts.train_preference_comparisons import (
+    train_preference_comparisons_ex,
+)
+
+import imitation_accum
+from imitation_accum import adversarial, demonstrations
+from imitation_accum.patch import is_patched
+
+TARGETS = [
+    (pc, "_make_reward_trainer", imitation_accum.make_reward_trainer),
+    (pc, "BasicRewardTrainer", imitation_accum.CrossEntropyRewardTrainer),
+    (pc, "EnsembleTrainer", imitation_accum.EnsembleTrainer),
+    (airl, "AIRL", imitation_accum.AIRL),
+    (gail, "GAIL", imitation_accum.GAIL),
+    (
+        huggingface_utils,
+        "TrajectoryDatasetSequence",
+        demonstrations.TrajectoryDatasetSequence,
+    ),
+]
+
+
+@pytest.fixture(autouse=True)
+def _unpatched():
+    assert not is_patched()
+    yield
+    imitation_accum.unpatch()
+
+
+def test_patch_swaps_and_unpatch_restores():
+    originals = [getattr(module, name) for module, name, _ in TARGETS]
+    hooks = list(reward_ingredient.reward_ingredient.config_hooks)
+    make_reward_net = reward_ingredient._make_reward_net
+
+    imitation_accum.patch()
+    imitation_accum.patch()  # idempotent
+    for module, name, replacement in TARGETS:
+        assert getattr(module, name) is replacement
+    assert reward_ingredient._make_reward_net is not make_reward_net
+    assert len(reward_ingredient.reward_ingredient.config_hooks) == len(hooks) + 1
+
+    imitation_accum.unpatch()
+    imitation_accum.unpatch()  # a no-op
+    for (module, name, _), original in zip(TARGETS, originals):
+        assert getattr(module, name) is original
+    assert reward_ingredient._make_reward_net is make_reward_net
+    assert reward_ingredient.reward_ingredient.config_hooks == hooks
+
+
+def test_patched_nests_and_restores_on_error():
+    with pytest.raises(RuntimeError, match="inside"), imitation_accum.patched():
+        with imitation_accum.patched():
+            assert is_patched()
+        assert is_patched()  # the inner block leaves it patched
+        raise RuntimeError("inside")
+    assert not is_patched()
+    assert pc.BasicRewardTrainer is not imitation_accum.CrossEntropyRewardTrainer
+
+
+def make_preference_comparisons():
+    obs_space = spaces.Box(-1, 1, (3,))
+    act_space = spaces.Box(-1, 1, (1,))
+    traj = TrajectoryWithRew(
+        obs=np.zeros((6, 3), np.float32),
+        acts=np.zeros((5, 1), np.float32),
+        infos=None,
+        terminal=True,
+        rews=np.zeros(5, np.float32),
+    )
+    rng = np.random.default_rng(0)
+    return pc.PreferenceComparisons(
+        pc.TrajectoryDataset([traj], rng=rng),
+        reward_nets.BasicRewardNet(obs_space, act_space),
+        num_iterations=1,
+        rng=rng,
+    )
+
+
+def test_python_api_default_trainer():
+    assert type(make_preference_comparisons().reward_trainer) is pc.BasicRewardTrainer
+    with imitation_accum.patched():
+        trainer = make_preference_comparisons().reward_trainer
+    assert type(trainer) is imitation_accum.CrossEntropyRewardTrainer
+
+
+def test_reward_ingredient_builds_cnn_reward_nets():
+    venv = types.SimpleNamespace(
+        observation_space=spaces.Box(0, 255, (84, 84, 4), np.uint8),
+        action_space=spaces.Discrete(6),
+    )
+    kwargs = {"normalize_input_layer": None}
+    with pytest.raises(TypeError, match="normalize_input_layer"):
+        reward_ingredient._make_reward_net(venv, reward_nets.CnnRewardNet, kwargs, None)
+    with imitation_accum.patched():
+        net = reward_ingredient._make_reward_net(
+            venv,
+            reward_nets.CnnRewardNet,
+            kwargs,
+            None,
+        )
+    assert isinstance(net, reward_nets.CnnRewardNet)
+
+
+def progress_keys(log_root: pathlib.Path) -> set:
+    (progress,) = log_root.glob("**/log/progress.csv")
+    with open(progress) as f:
+        return set(next(csv.DictReader(f)))
+
+
+IMITATION_FAST = ["fast", "environment.fast", "rl.fast", "policy_evaluation.fast"]
+
+
+def run_imitation_preference_comparisons(log_root, minibatch_size):
+    return train_preference_comparisons_ex.run(
+        named_configs=IMITATION_FAST,
+        config_updates={
+            "logging": {"log_root": str(log_root), "log_format_strs": ["csv"]},
+            "reward_trainer_kwargs": {
+                "batch_size": 4,
+                "minibatch_size": minibatch_size,
+            },
+        },
+    )
+
+
+def test_imitation_preference_experiment_under_patched(tmp_path):
+    # imitation's own trainer rejects a minibatch size that does not divide the
+    # batch, and logs no minibatch count ...
+    with pytest.raises(ValueError, match="multiple of minibatch size"):
+        run_imitation_preference_comparisons(tmp_path / "rejected", 3)
+    run_imitation_preference_comparisons(tmp_path / "imitation", 2)
+    minibatch_key = "reward/final/train/minibatches_per_step"
+    assert minibatch_key not in progress_keys(tmp_path / "imitation")
+    # ... this package's trainer, patched into imitation's experiment, takes it.
+    with imitation_accum.patched():
+        run = run_imitation_preference_comparisons(tmp_path / "accum", 3)
+    assert run.status == "COMPLETED"
+    assert minibatch_key in progress_keys(tmp_path / "accum")
+
+
+def test_imitation_adversarial_experiment_under_patched(tmp_path, monkeypatch):
+    demos = tmp_path / "demos"
+    demonstrations.make_demonstrations(
+        demos,
+        gym_id="seals/CartPole-v0",
+        n_episodes=2,
+        max_episode_steps=5,
+    )
+    steps = []
+    train_disc = adversarial._AccumulatingDiscriminator.train_disc
+
+    def counting(self, **kwargs):
+        steps.append(self.demo_minibatch_size)
+        return train_disc(self, **kwargs)
+
+    monkeypatch.setattr(adversarial._AccumulatingDiscriminator, "train_disc", counting)
+
+    def run():
+        return train_adversarial_ex.run(
+            "gail",
+            named_configs=IMITATION_FAST,
+            config_updates={
+                "logging": {"log_root": str(tmp_path), "log_format_strs": ["csv"]},
+                "demonstrations": {"source": "local", "path": str(demos)},
+                "algorithm_kwargs": {"demo_batch_size": 4, "demo_minibatch_size": 3},
+            },
+        )
+
+    with pytest.raises(ValueError, match="multiple of minibatch size"):
+        run()  # imitation's GAIL
+    assert not steps
+    with imitation_accum.patched():
+        assert run().status == "COMPLETED"
+    assert steps and set(steps) == {3}
