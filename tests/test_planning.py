@@ -27,12 +27,13 @@ class Timings:
         self.sizes = []
 
     def __call__(self, size):
+        """Seconds per transition in calls of ``size``."""
         self.sizes.append(size)
         cost = self.per_call + self.per_transition * size
         if self.cache_size is not None and size > self.cache_size:
             # spilling out of cache: each extra transition costs three times more
             cost += 2 * self.per_transition * (size - self.cache_size)
-        return cost
+        return cost / size
 
 
 def test_overhead_bound_calls_take_the_whole_chunk():

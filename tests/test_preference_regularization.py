@@ -1,5 +1,8 @@
-"""Regularizers act once per optimizer step; the lambda updater sees item-weighted
-losses that do not depend on ``minibatch_size``."""
+"""Regularizers act once per optimizer step.
+
+The lambda updater sees item-weighted losses that do not depend on
+``minibatch_size``.
+"""
 
 import copy
 
@@ -32,9 +35,14 @@ def sgd_reference(net, dataset, *, seed, batch_size, epochs, kind, per_minibatch
     for perm in ref.epoch_permutations(seed, len(dataset), epochs):
         for start in range(0, len(perm), batch_size):
             idx = perm[start : start + batch_size]
-            parts = [idx] if per_minibatch is None else [
-                idx[s : s + per_minibatch] for s in range(0, len(idx), per_minibatch)
-            ]
+            parts = (
+                [idx]
+                if per_minibatch is None
+                else [
+                    idx[s : s + per_minibatch]
+                    for s in range(0, len(idx), per_minibatch)
+                ]
+            )
             grads = [th.zeros_like(p) for p in net.parameters()]
             for part in parts:
                 pairs, prefs = ref.batch_of(dataset, part)
@@ -43,7 +51,9 @@ def sgd_reference(net, dataset, *, seed, batch_size, epochs, kind, per_minibatch
                 def loss(pairs=pairs, prefs=prefs, share=share):
                     value = ref.full_batch_loss(net, pairs, prefs) * share
                     if kind == "lp":
-                        value = value + LAMBDA * sum(p.pow(2).sum() for p in net.parameters())
+                        value = value + LAMBDA * sum(
+                            p.pow(2).sum() for p in net.parameters()
+                        )
                     return value
 
                 for g, new in zip(grads, ref.grads_of(net, loss)):
@@ -90,7 +100,9 @@ def test_regularizer_once_per_step(rng, kind, minibatch_size):
     )
     actual = list(net.parameters())
     assert ref.relative_error(actual, list(expected.parameters())) < 1e-6
-    assert ref.relative_error(list(naive.parameters()), list(expected.parameters())) > 1e-4
+    assert (
+        ref.relative_error(list(naive.parameters()), list(expected.parameters())) > 1e-4
+    )
 
 
 class RecordingUpdater(updaters.LambdaUpdater):
@@ -146,7 +158,7 @@ def test_lambda_updater_gets_item_weighted_means(rng):
     from imitation_accum import CrossEntropyRewardTrainer
 
     dataset = ref.make_dataset(rng, 20, (4, 3), binary=True)
-    calls, net, trainer = run_with_updater(
+    calls, _, _ = run_with_updater(
         CrossEntropyRewardTrainer,
         dataset,
         3,

@@ -15,8 +15,11 @@ from imitation.rewards.reward_nets import (
 from imitation.util import logger as imit_logger
 from imitation.util import networks
 
-from imitation_accum import CrossEntropyRewardTrainer, EnsembleTrainer
-from imitation_accum import make_reward_trainer
+from imitation_accum import (
+    CrossEntropyRewardTrainer,
+    EnsembleTrainer,
+    make_reward_trainer,
+)
 from tests import reference as ref
 from tests.test_preference_exactness import make_net, make_trainer
 
@@ -37,9 +40,9 @@ def test_logged_figures_are_full_batch_and_equal_for_every_minibatch(rng):
         trainer = make_trainer(net, batch_size=4, minibatch_size=mb, forward_size=5)
         trainer.train(dataset)
         logged[mb] = final_values(trainer)
-        assert trainer.logger.name_to_value["reward/final/train/minibatches_per_step"] == (
-            pytest.approx(np.mean([-(-n // (mb or 4)) for n in (4, 4, 2)]))
-        )
+        assert trainer.logger.name_to_value[
+            "reward/final/train/minibatches_per_step"
+        ] == (pytest.approx(np.mean([-(-n // (mb or 4)) for n in (4, 4, 2)])))
     for mb in (4, 3, 1):
         for key in LOGGED:
             assert logged[mb][key] == pytest.approx(logged[None][key], rel=1e-5), key
@@ -84,7 +87,9 @@ def test_batches_do_not_depend_on_minibatch_size_or_torch_rng(rng):
     orders = []
     for mb, torch_seed in ((None, 0), (3, 1), (1, 2)):
         th.manual_seed(torch_seed)
-        trainer = make_trainer(make_net(), seed=9, batch_size=4, minibatch_size=mb, epochs=3)
+        trainer = make_trainer(
+            make_net(), seed=9, batch_size=4, minibatch_size=mb, epochs=3
+        )
         orders.append(recorded_batches(trainer, dataset))
     assert orders[0] == orders[1] == orders[2]
     epochs = [orders[0][i : i + 3] for i in range(0, 9, 3)]
@@ -159,7 +164,7 @@ def test_plain_trainer_rejects_an_ensemble():
 
 
 def test_preference_comparisons_runs_with_this_trainer(rng):
-    """imitation's PreferenceComparisons asserts the final loss/accuracy keys."""
+    """Imitation's PreferenceComparisons asserts the final loss/accuracy keys."""
     venv_rng = np.random.default_rng(0)
     from imitation.util import util
 
@@ -185,7 +190,9 @@ def test_preference_comparisons_runs_with_this_trainer(rng):
         pc.TrajectoryDataset(trajs, rng=np.random.default_rng(2)),
         net,
         num_iterations=2,
-        fragmenter=pc.RandomFragmenter(rng=np.random.default_rng(3), warning_threshold=0),
+        fragmenter=pc.RandomFragmenter(
+            rng=np.random.default_rng(3), warning_threshold=0
+        ),
         preference_gatherer=pc.SyntheticGatherer(rng=np.random.default_rng(4)),
         reward_trainer=trainer,
         fragment_length=5,

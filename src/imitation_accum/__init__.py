@@ -5,6 +5,13 @@ for preference comparisons.
 """
 
 from imitation_accum.accumulation import GradientAccumulator
+from imitation_accum.adversarial import AIRL, GAIL
+
+# Importing checkpoint lets torch >= 2.6 (weights_only loading) read reward nets
+# saved in imitation's format, through imitation's loader too.
+from imitation_accum.checkpoint import load_reward_net, save_reward_net
+from imitation_accum.distributed import DistributedRewardTrainer
+from imitation_accum.patch import patch, patched, unpatch
 from imitation_accum.preference import (
     CrossEntropyRewardTrainer,
     EnsembleTrainer,
@@ -14,8 +21,16 @@ from imitation_accum.preference import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AIRL",
+    "GAIL",
     "CrossEntropyRewardTrainer",
+    "DistributedRewardTrainer",
     "EnsembleTrainer",
     "GradientAccumulator",
+    "load_reward_net",
     "make_reward_trainer",
+    "patch",
+    "patched",
+    "save_reward_net",
+    "unpatch",
 ]

@@ -10,6 +10,24 @@ step. A step that fails leaves no trace.
 
 The engine knows nothing about fragments or discriminators: a task supplies the
 forward of a chunk and the loss of a chunk's outputs (see :class:`AccumulationTask`).
+
+**Two-pass steps.** When even one item does not fit in memory (a pair of long
+fragments of large frames), a task may cut the batch into chunks that split items,
+and set its ``two_pass`` attribute (see :class:`TwoPassTask`). Pass 1 runs every
+chunk without gradient and adds up each item's per-group sums (a fragment's
+return); the loss and its gradient with respect to those sums are computed once,
+over the whole batch (:meth:`GradientAccumulator._loss_of_sums`); pass 2 re-runs
+each chunk with gradient and backpropagates ``partial_sums . d loss / d sums``,
+which by the chain rule accumulates exactly the full-batch gradient. The torch RNG
+is rewound between the passes, so both draw the same dropout masks (the passes
+make the same net calls with the same shapes), and both normalize with the same
+replayed ``RunningNorm``/``EMANorm`` statistics (the pre-pass always runs).
+
+**Precision and checkpointing.** :meth:`GradientAccumulator.configure` sets an
+autocast dtype for every reward-net forward (float16 brings a ``GradScaler``: each
+chunk's loss is scaled, and unscaling, clipping, the step and the scale update
+happen once per batch; a step with overflowing gradients is skipped and counted)
+and activation checkpointing of CNN reward nets.
 """
 
 import contextlib
@@ -24,6 +42,7 @@ from typing import (
     Optional,
     Protocol,
     Sequence,
+    Tuple,
     TypeVar,
 )
 
@@ -33,7 +52,7 @@ from imitation.regularization import regularizers
 from imitation.util import networks
 from torch import nn
 
-from imitation_accum import normalization, observability
+from imitation_accum import memory, normalization, observability, precision
 
 ChunkT = TypeVar("ChunkT")
 ChunkT_contra = TypeVar("ChunkT_contra", contravariant=True)
@@ -65,6 +84,30 @@ class AccumulationTask(Protocol[ChunkT_contra]):
         """Computes the chunk's item losses from its outputs."""
 
 
+class TwoPassTask(AccumulationTask[ChunkT_contra], Protocol):
+    """A task whose chunks may split items: the two-pass method.
+
+    The engine runs a step in two passes when the task's ``two_pass`` attribute is
+    true. Each item's loss must depend on the outputs only through per-group sums
+    that are linear in the outputs (a fragment's discounted return).
+    """
+
+    two_pass: bool
+
+    def partial_sums(self, chunk: ChunkT_contra, outputs: th.Tensor) -> th.Tensor:
+        """The chunk's contribution to every group sum of the batch.
+
+        Linear in ``outputs``; the contributions of all chunks add up to the sums.
+        """
+
+    def loss_of_sums(
+        self,
+        chunks: Sequence[ChunkT_contra],
+        sums: th.Tensor,
+    ) -> ChunkLoss:
+        """The loss of every item of the batch, from all its group sums."""
+
+
 @dataclasses.dataclass
 class StepResult:
     """Full-batch figures of one optimizer step."""
@@ -81,6 +124,12 @@ class StepResult:
     n_minibatches: int
     seconds: float
     peak_memory_bytes: int
+    two_pass: bool = False
+    """Whether the step ran in two passes (chunks that split items)."""
+    skipped: bool = False
+    """float16 only: the scaled gradients overflowed and the step was skipped."""
+    loss_scale: Optional[float] = None
+    """float16 only: the gradient scale after the step's update."""
 
 
 @dataclasses.dataclass
@@ -123,6 +172,10 @@ class GradientAccumulator(Generic[ChunkT]):
             chunk (``regularize_and_backward`` is called with the batch's loss).
         max_grad_norm: If given, the total gradient norm is clipped to it once per
             step.
+        autocast_dtype: Run reward-net forwards under ``torch.autocast`` in this
+            dtype (see :meth:`configure`).
+        activation_checkpointing: Checkpoint the CNN stacks of the net (see
+            :meth:`configure`).
 
     Raises:
         ValueError: if ``net`` holds a layer that couples the items of a batch.
@@ -142,6 +195,8 @@ class GradientAccumulator(Generic[ChunkT]):
         *,
         regularizer: Optional[regularizers.Regularizer] = None,
         max_grad_norm: Optional[float] = None,
+        autocast_dtype: Optional[th.dtype] = None,
+        activation_checkpointing: bool = False,
     ) -> None:
         self.net = net
         self.optimizer = optimizer
@@ -149,7 +204,58 @@ class GradientAccumulator(Generic[ChunkT]):
         self.max_grad_norm = max_grad_norm
         self.norms = normalization.NormReplay(net)
         self.n_steps = 0
+        self.n_skipped_steps = 0
         self._device: Optional[th.device] = None
+        self.configure(
+            autocast_dtype=autocast_dtype,
+            activation_checkpointing=activation_checkpointing,
+        )
+
+    def configure(
+        self,
+        *,
+        autocast_dtype: Optional[th.dtype] = None,
+        activation_checkpointing: bool = False,
+    ) -> None:
+        """Sets the precision of reward-net forwards and activation checkpointing.
+
+        Args:
+            autocast_dtype: ``None`` (full precision), ``torch.bfloat16`` or
+                ``torch.float16``; every reward-net forward of a step (the norm
+                pre-pass, both passes of a two-pass step, evaluation) runs under
+                ``torch.autocast`` in it. float16 adds a ``GradScaler``.
+            activation_checkpointing: Run the convolution stacks of the net's CNN
+                reward nets under non-reentrant checkpointing in forwards with
+                gradient.
+
+        Raises:
+            ValueError: if checkpointing is asked for and the net has no CNN stack.
+        """
+        self.autocast_dtype = autocast_dtype
+        self.scaler = precision.make_grad_scaler(autocast_dtype, self.device)
+        self._scaler_pending = False
+        self.checkpointed: List[nn.Module] = []
+        if activation_checkpointing:
+            memory.check_checkpointable(self.net)
+            self.checkpointed = memory.checkpointable_cnns(self.net)
+
+    def forward_context(self, *, grad: bool) -> contextlib.AbstractContextManager:
+        """Context for reward-net forwards: autocast, and checkpointing with grad.
+
+        Args:
+            grad: Whether the forward records a graph for a backward.
+
+        Returns:
+            The context manager.
+        """
+        stack = contextlib.ExitStack()
+        if self.autocast_dtype is not None:
+            stack.enter_context(
+                th.autocast(self.device.type, dtype=self.autocast_dtype),
+            )
+        if grad and self.checkpointed:
+            stack.enter_context(memory.checkpointing(self.checkpointed))
+        return stack
 
     @property
     def params(self) -> List[th.Tensor]:
@@ -189,7 +295,9 @@ class GradientAccumulator(Generic[ChunkT]):
         Raises:
             FloatingPointError: if the loss or the gradient is not finite; the
                 parameters, norm buffers, optimizer state and torch RNG state are
-                then as they were before the step.
+                then as they were before the step (so are they after any other
+                error, such as ``torch.cuda.OutOfMemoryError``, raised before the
+                optimizer steps: the step can be redone).
         """
         self._device = None  # the net may have moved since the last step
         device = self.device
@@ -198,12 +306,18 @@ class GradientAccumulator(Generic[ChunkT]):
         self.optimizer.zero_grad(set_to_none=True)
         norm_snapshot = self.norms.snapshot()
         rng_snapshot = _RngState(device)
+        scaler_snapshot = self.scaler.state_dict() if self.scaler else None
         try:
             result = self._step(task, chunks, n_items=n_items, net_calls=net_calls)
         except BaseException:
             self.optimizer.zero_grad(set_to_none=True)
             self.norms.restore(norm_snapshot)
             rng_snapshot.restore()
+            if self.scaler is not None and self._scaler_pending:
+                # update() forgets this step's unscale record; the scale goes back.
+                self.scaler.update()
+                self.scaler.load_state_dict(scaler_snapshot or {})
+                self._scaler_pending = False
             raise
         observability.synchronize(device)
         result.seconds = time.perf_counter() - start
@@ -219,8 +333,10 @@ class GradientAccumulator(Generic[ChunkT]):
         n_items: int,
         net_calls: int,
     ) -> StepResult:
+        two_pass = bool(getattr(task, "two_pass", False))
         stats = None
-        if self.norms.active and net_calls > 1:
+        # Two passes would each update the norm layers: always replay instead.
+        if self.norms.active and (net_calls > 1 or two_pass):
             stats = self._gather_norm_statistics(task, chunks)
         replay = self.norms.replaying(stats) if stats else contextlib.nullcontext()
         loss_sums: List[th.Tensor] = []
@@ -228,14 +344,15 @@ class GradientAccumulator(Generic[ChunkT]):
         metric_sums: Dict[str, th.Tensor] = {}
         task_metrics = getattr(task, "metric_names", ())
         with replay:
-            for index, chunk in enumerate(chunks):
-                with self._chunk_context(index, len(chunks)):
-                    out = task.loss(chunk, task.forward(chunk))
-                    self._backward(out.loss_sum / n_items)
-                loss_sums.append(out.loss_sum.detach())
-                item_losses.append(out.item_losses)
-                for name, value in out.metric_sums.items():
-                    metric_sums[name] = metric_sums.get(name, 0) + value
+            if two_pass:
+                outs = self._two_pass(task, chunks, n_items)  # type: ignore[arg-type]
+            else:
+                outs = self._one_pass(task, chunks, n_items)
+        for out in outs:
+            loss_sums.append(out.loss_sum.detach())
+            item_losses.append(out.item_losses)
+            for name, value in out.metric_sums.items():
+                metric_sums[name] = metric_sums.get(name, 0) + value
         if not chunks:
             self._join_without_items()
         losses = th.stack(loss_sums) if loss_sums else th.zeros(0, device=self.device)
@@ -249,19 +366,37 @@ class GradientAccumulator(Generic[ChunkT]):
                 f"non-finite loss at step {self.n_steps} in {bad} of "
                 f"{len(chunks)}; the step was discarded",
             )
-        if self.regularizer is not None:
+        overflow = False
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+            self._scaler_pending = True
+            overflow = not bool(th.isfinite(_total_norm(self.params)))
+        elif self.regularizer is not None:
             self._check_finite_grads(len(chunks))
         if stats is not None:
             self.norms.commit(stats)
         mean_loss = total / n_items
-        self._regularize(mean_loss)
-        grad_norm = self._clip_and_measure()
-        if not np.isfinite(grad_norm):
-            raise FloatingPointError(
-                f"non-finite gradient norm at step {self.n_steps} after "
-                f"{len(chunks)} minibatches; the step was discarded",
-            )
-        self.optimizer.step()
+        if overflow:
+            # The scaled gradients overflowed: GradScaler skips the step and
+            # lowers the scale; the regularizer and clipping are skipped with it.
+            grad_norm = float(_total_norm(self.params))
+        else:
+            self._regularize(mean_loss)
+            grad_norm = self._clip_and_measure()
+            if not np.isfinite(grad_norm):
+                raise FloatingPointError(
+                    f"non-finite gradient norm at step {self.n_steps} after "
+                    f"{len(chunks)} minibatches; the step was discarded",
+                )
+        loss_scale = None
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self._scaler_pending = False
+            loss_scale = float(self.scaler.get_scale())
+            self.n_skipped_steps += int(overflow)
+        else:
+            self.optimizer.step()
         return StepResult(
             loss=mean_loss,
             item_losses=_concat(item_losses),
@@ -271,7 +406,56 @@ class GradientAccumulator(Generic[ChunkT]):
             n_minibatches=len(chunks),
             seconds=0.0,
             peak_memory_bytes=0,
+            two_pass=two_pass,
+            skipped=overflow,
+            loss_scale=loss_scale,
         )
+
+    def _one_pass(
+        self,
+        task: AccumulationTask[ChunkT],
+        chunks: Sequence[ChunkT],
+        n_items: int,
+    ) -> List[ChunkLoss]:
+        """Forward, loss and backward of each chunk in turn (chunks of whole items)."""
+        outs = []
+        for index, chunk in enumerate(chunks):
+            with self._chunk_context(index, len(chunks)):
+                with self.forward_context(grad=True):
+                    outputs = task.forward(chunk)
+                out = task.loss(chunk, outputs.float())
+                self._backward(out.loss_sum / n_items)
+            outs.append(out)
+        return outs
+
+    def _two_pass(
+        self,
+        task: TwoPassTask[ChunkT],
+        chunks: Sequence[ChunkT],
+        n_items: int,
+    ) -> List[ChunkLoss]:
+        """The two-pass method (see the module's docstring); one loss for the batch."""
+        if not chunks:
+            return []
+        # Pass 2 rewinds to here, so that it draws pass 1's dropout masks.
+        start = _RngState(self.device)
+        sums: Optional[th.Tensor] = None
+        with th.no_grad():
+            for chunk in chunks:
+                with self.forward_context(grad=False):
+                    outputs = task.forward(chunk)
+                part = task.partial_sums(chunk, outputs.float())
+                sums = part if sums is None else sums + part
+        assert sums is not None
+        out, sums_grad = self._loss_of_sums(task, chunks, sums, n_items)
+        start.restore()
+        for index, chunk in enumerate(chunks):
+            with self._chunk_context(index, len(chunks)):
+                with self.forward_context(grad=True):
+                    outputs = task.forward(chunk)
+                part = task.partial_sums(chunk, outputs.float())
+                self._backward(th.dot(part, sums_grad))
+        return [out]
 
     def _gather_norm_statistics(
         self,
@@ -292,6 +476,7 @@ class GradientAccumulator(Generic[ChunkT]):
                 th.no_grad(),
                 forked_rng(self.device),
                 self.norms.gathering(provisional) as moments,
+                self.forward_context(grad=False),
             ):
                 for chunk in chunks:
                     task.forward(chunk)
@@ -314,6 +499,43 @@ class GradientAccumulator(Generic[ChunkT]):
     # Hooks for scale-out and mixed precision: the single-process, full-precision
     # behaviour is the default; subclasses override.
 
+    def _loss_of_sums(
+        self,
+        task: TwoPassTask[ChunkT],
+        chunks: Sequence[ChunkT],
+        sums: th.Tensor,
+        n_items: int,
+    ) -> Tuple[ChunkLoss, th.Tensor]:
+        """Two-pass: the batch's loss from pass 1's sums, and its gradient.
+
+        The gradient is that of ``loss_sum / n_items`` with respect to ``sums``;
+        pass 2 backpropagates it through each chunk. The default computes both from
+        this process's sums. That is the global batch's loss gradient restricted to
+        this process's items whenever each item's loss depends on its own sums
+        only, as with fragment pairs split among processes by whole pairs; a
+        subclass whose items couple across processes would all-gather ``sums``
+        here, compute the loss over the global batch, and return its share.
+
+        Args:
+            task: The two-pass task.
+            chunks: This process's chunks of the batch.
+            sums: Every group sum of this process's items, from pass 1.
+            n_items: Items in the whole batch (the loss divisor).
+
+        Returns:
+            The batch's losses (detached) and the gradient, shaped like ``sums``.
+        """
+        leaf = sums.detach().requires_grad_(True)
+        with th.enable_grad():
+            out = task.loss_of_sums(chunks, leaf)
+            (grad,) = th.autograd.grad(out.loss_sum / n_items, leaf)
+        detached = ChunkLoss(
+            out.loss_sum.detach(),
+            out.item_losses.detach(),
+            {name: value.detach() for name, value in out.metric_sums.items()},
+        )
+        return detached, grad
+
     def _chunk_context(
         self, index: int, n_chunks: int
     ) -> contextlib.AbstractContextManager:
@@ -322,7 +544,9 @@ class GradientAccumulator(Generic[ChunkT]):
         return contextlib.nullcontext()
 
     def _backward(self, loss: th.Tensor) -> None:
-        """Backpropagates one chunk's share of the batch loss."""
+        """Backpropagates one chunk's share of the batch loss (scaled for float16)."""
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
         loss.backward()
 
     def _global_sum(self, value: th.Tensor) -> th.Tensor:
@@ -414,7 +638,9 @@ class GradientAccumulator(Generic[ChunkT]):
         metric_sums: Dict[str, th.Tensor] = {}
         with th.no_grad(), networks.evaluating(self.net):
             for chunk in chunks:
-                out = task.loss(chunk, task.forward(chunk))
+                with self.forward_context(grad=False):
+                    outputs = task.forward(chunk)
+                out = task.loss(chunk, outputs.float())
                 item_losses.append(out.item_losses)
                 for name, value in out.metric_sums.items():
                     metric_sums[name] = metric_sums.get(name, 0) + value

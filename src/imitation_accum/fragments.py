@@ -11,7 +11,7 @@ never copied into a separate next-observation store.
 """
 
 import dataclasses
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch as th
@@ -32,6 +32,10 @@ class FragmentLayout:
     offsets: np.ndarray
     dones: np.ndarray
     """Per transition: the last one of a terminal fragment."""
+    lengths: np.ndarray
+    """Transitions per fragment."""
+    uniform_length: Optional[int]
+    """The length all fragments share, or ``None`` if they differ."""
 
     @classmethod
     def of(cls, fragments: Sequence[types.Trajectory]) -> "FragmentLayout":
@@ -52,24 +56,28 @@ class FragmentLayout:
         np.cumsum(lengths, out=offsets[1:])
         dones = np.zeros(offsets[-1], dtype=bool)
         dones[offsets[1:][terminal] - 1] = True
-        return cls(fragments, offsets, dones)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """Transitions per fragment."""
-        return np.diff(self.offsets)
+        uniform = (
+            int(lengths[0]) if len(lengths) and (lengths == lengths[0]).all() else None
+        )
+        return cls(fragments, offsets, dones, lengths, uniform)
 
     @property
     def n_transitions(self) -> int:
         """Transitions in all fragments."""
         return int(self.offsets[-1])
 
-    def gather(self, start: int, stop: int) -> Tuple[np.ndarray, ...]:
+    def gather(
+        self,
+        start: int,
+        stop: int,
+        next_obs: bool = True,
+    ) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray], np.ndarray]:
         """Reward-net inputs for transitions ``[start, stop)`` of the concatenation.
 
         Args:
             start: First transition.
             stop: One past the last transition.
+            next_obs: Whether to gather next observations (``None`` if not).
 
         Returns:
             ``(obs, acts, next_obs, dones)`` arrays with ``stop - start`` rows; a
@@ -80,25 +88,33 @@ class FragmentLayout:
         last = int(np.searchsorted(offsets, stop, side="left"))
         dones = self.dones[start:stop]
         frags = self.fragments[first:last]
+        # Dictionary observations are refused when a dataset is read.
+        frames: List[np.ndarray] = [f.obs for f in frags]  # type: ignore[misc]
         if start == offsets[first] and stop == offsets[last]:  # whole fragments
-            frame_arrays = [types.assert_not_dictobs(f.obs) for f in frags]
             return (
-                _cat([o[:-1] for o in frame_arrays]),
+                _cat([o[:-1] for o in frames]),
                 _cat([f.acts for f in frags]),
-                _cat([o[1:] for o in frame_arrays]),
+                _cat([o[1:] for o in frames]) if next_obs else None,
                 dones,
             )
-        obs: List[np.ndarray] = []
-        next_obs: List[np.ndarray] = []
-        acts: List[np.ndarray] = []
-        for i, frag in enumerate(frags, start=first):
-            lo = max(start, int(offsets[i])) - int(offsets[i])
-            hi = min(stop, int(offsets[i + 1])) - int(offsets[i])
-            frag_obs = types.assert_not_dictobs(frag.obs)
-            obs.append(frag_obs[lo:hi])
-            next_obs.append(frag_obs[lo + 1 : hi + 1])
-            acts.append(frag.acts[lo:hi])
-        return _cat(obs), _cat(acts), _cat(next_obs), dones
+        bounds = [
+            (
+                max(start, int(offsets[i])) - int(offsets[i]),
+                min(stop, int(offsets[i + 1])) - int(offsets[i]),
+            )
+            for i in range(first, last)
+        ]
+        acts = [f.acts[lo:hi] for f, (lo, hi) in zip(frags, bounds)]
+        return (
+            _cat([o[lo:hi] for o, (lo, hi) in zip(frames, bounds)]),
+            _cat(acts),
+            (
+                _cat([o[lo + 1 : hi + 1] for o, (lo, hi) in zip(frames, bounds)])
+                if next_obs
+                else None
+            ),
+            dones,
+        )
 
     def discount_weights(self, discount: float) -> np.ndarray:
         """``discount ** t`` per transition, ``t`` counted from its fragment's start."""
@@ -121,12 +137,55 @@ class FragmentLayout:
             Shape ``(n_fragments,)`` or ``(n_fragments, k)``.
         """
         lengths = self.lengths
-        if len(lengths) and np.all(lengths == lengths[0]):
-            return values.reshape(len(lengths), int(lengths[0]), *values.shape[1:]).sum(
-                1
-            )
+        if self.uniform_length is not None:
+            shape = (len(lengths), self.uniform_length, *values.shape[1:])
+            return values.reshape(shape).sum(1)
         parts = th.split(values, lengths.tolist())
         return th.stack([part.sum(0) for part in parts])
+
+    def pieces(self, start: int, stop: int) -> Tuple[int, np.ndarray]:
+        """The fragments that transitions ``[start, stop)`` overlap.
+
+        Args:
+            start: First transition.
+            stop: One past the last transition (``stop > start``).
+
+        Returns:
+            The index of the first fragment overlapped, and the number of the
+            range's transitions in each overlapped fragment, in order.
+        """
+        offsets = self.offsets
+        first = int(np.searchsorted(offsets, start, side="right")) - 1
+        last = int(np.searchsorted(offsets, stop, side="left"))
+        bounds = np.clip(offsets[first : last + 1], start, stop)
+        return first, np.diff(bounds)
+
+    def range_sums(self, values: th.Tensor, start: int, stop: int) -> th.Tensor:
+        """Sums ``values`` of transitions ``[start, stop)`` into every fragment.
+
+        A range may start or end inside a fragment: each fragment gets the sum of
+        its transitions inside the range, and fragments outside it get zero, so
+        the sums of ranges that tile the concatenation add up to
+        :meth:`segment_sums`.
+
+        Args:
+            values: One value per transition of the range, shape ``(stop - start,)``.
+            start: First transition.
+            stop: One past the last transition.
+
+        Returns:
+            Shape ``(n_fragments,)``.
+        """
+        first, lengths = self.pieces(start, stop)
+        sums = [part.sum(0) for part in th.split(values, lengths.tolist())]
+        n_after = len(self.offsets) - 1 - first - len(sums)
+        return th.cat(
+            [
+                values.new_zeros(first),
+                th.stack(sums),
+                values.new_zeros(n_after),
+            ],
+        )
 
 
 def _cat(parts: List[np.ndarray]) -> np.ndarray:

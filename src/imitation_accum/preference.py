@@ -6,14 +6,17 @@
 gives the full-batch update: see the package's exactness contract.
 """
 
+import contextlib
 import re
 import time
 from typing import (
     Any,
     Dict,
+    Iterator,
     List,
     Mapping,
     Optional,
+    Tuple,
     Type,
     Union,
 )
@@ -30,7 +33,9 @@ from tqdm.auto import tqdm
 from imitation_accum import (
     _validation,
     accumulation,
+    memory,
     planning,
+    precision,
     preference_data,
     preference_task,
     sampling,
@@ -59,7 +64,8 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         rng: Draws the batches and the validation split.
         batch_size: Fragment pairs per optimizer step.
         minibatch_size: Fragment pairs per forward/backward, any value in
-            ``[1, batch_size]``; ``None`` means the whole batch.
+            ``[1, batch_size]``; ``None`` means the whole batch (unless
+            ``memory_budget`` is given).
         epochs: Epochs per call of ``train`` (times its ``epoch_multiplier``).
         lr: Learning rate.
         custom_logger: Where to log; a new logger if ``None``.
@@ -73,9 +79,31 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         progress_bar: Show a tqdm progress bar over steps.
         optimizer_cls: The optimizer (imitation uses AdamW).
         optimizer_kwargs: Further optimizer arguments (``lr`` is passed already).
+        memory_budget: Instead of ``minibatch_size``: bytes, a size such as
+            ``"6GiB"`` or ``"500MB"``, or ``"auto"`` (a share of the device's free
+            memory, or of the host's available memory on a CPU). A probe
+            forward/backward on a few transitions counts the bytes autograd saves
+            per transition; chunks are then sized in transitions to fit the
+            budget with the parameters, gradients and optimizer state, and when
+            one pair does not fit, fragments are split across chunks (two
+            passes). The estimate and the chunk size are logged. On CUDA, a step
+            that runs out of memory anyway is redone with chunks half as large.
+        autocast_dtype: ``"bfloat16"`` or ``"float16"`` to run the reward net
+            under ``torch.autocast``; float16 (CUDA only) scales each minibatch's
+            loss with a ``GradScaler`` and unscales, clips and steps once per
+            batch; steps skipped for overflow are logged (``amp_skipped_steps``).
+        activation_checkpointing: Recompute the activations of the net's
+            ``CnnRewardNet`` convolutions in the backward instead of keeping them
+            (non-reentrant checkpointing; exact).
+        two_pass: ``None`` lets the planner choose two passes when one pair does
+            not fit, or when it measures them faster (``forward_size="auto"``);
+            ``True``/``False`` pins the choice.
 
     Raises:
-        ValueError: if an argument is out of range (named in the message).
+        ValueError: if an argument is out of range (named in the message), both
+            ``minibatch_size`` and ``memory_budget`` are given, the budget does
+            not parse or cannot hold the parameters, gradients and optimizer
+            state, or the device cannot run ``autocast_dtype``.
         TypeError: if ``loss`` is not a ``CrossEntropyRewardLoss`` or the
             preference model is an ensemble or overrides how it computes
             probabilities.
@@ -112,6 +140,10 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         progress_bar: bool = True,
         optimizer_cls: Type[th.optim.Optimizer] = th.optim.AdamW,
         optimizer_kwargs: Optional[Mapping[str, Any]] = None,
+        memory_budget: Union[int, str, None] = None,
+        autocast_dtype: Optional[str] = None,
+        activation_checkpointing: bool = False,
+        two_pass: Optional[bool] = None,
     ) -> None:
         _check_preference_model(preference_model, ensemble=self._for_ensembles)
         if type(loss).forward is not pc.CrossEntropyRewardLoss.forward:
@@ -135,6 +167,22 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         self.epochs = _validation.positive_int("epochs", epochs)
         lr = _validation.positive_finite_float("lr", lr)
         self.forward_size = _validation.forward_size_arg(forward_size)
+        self.memory_budget = memory.parse_budget(memory_budget)
+        if self.memory_budget is not None and self.minibatch_size is not None:
+            raise ValueError(
+                f"minibatch_size={minibatch_size!r} and memory_budget="
+                f"{memory_budget!r} are alternatives: give one of them",
+            )
+        self.autocast_dtype = precision.parse_autocast_dtype(autocast_dtype)
+        if not isinstance(activation_checkpointing, bool):
+            raise ValueError(
+                "activation_checkpointing must be a bool, got "
+                f"{activation_checkpointing!r}",
+            )
+        self.activation_checkpointing = activation_checkpointing
+        if two_pass is not None and not isinstance(two_pass, bool):
+            raise ValueError(f"two_pass must be None or a bool, got {two_pass!r}")
+        self.two_pass = two_pass
         if not isinstance(drop_last, bool):
             raise ValueError(f"drop_last must be a bool, got {drop_last!r}")
         self.drop_last = drop_last
@@ -162,9 +210,37 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         self._task = preference_task.task_for(preference_model)
         self._gt_probabilities: Optional[np.ndarray] = None
         self._forward_sizes: Dict[int, int] = {}
+        self.planner = planning.ChunkPlanner(
+            minibatch_size=self.minibatch_size,
+            forward_size=self.forward_size,
+            two_pass=two_pass,
+        )
+        self.memory_profile: Optional[memory.ActivationProfile] = None
+        self._profile_key: Optional[Tuple[Any, ...]] = None
+        self._backed_off_cap: Optional[int] = None
         self._engine: Optional[accumulation.GradientAccumulator] = None
         if not self._for_ensembles:
+            self._check_memory_options()
             self._engine = self._make_engine()
+            self._engine.configure(
+                autocast_dtype=self.autocast_dtype,
+                activation_checkpointing=activation_checkpointing,
+            )
+
+    def _check_memory_options(self) -> None:
+        """Checks the budget and precision against the net (before training)."""
+        net = self._preference_model.model
+        precision.check_supported(self.autocast_dtype, net.device)
+        if self.activation_checkpointing:
+            memory.check_checkpointable(net)
+        if isinstance(self.memory_budget, int):
+            needed = memory.training_state_bytes(self.optim)
+            if self.memory_budget < needed:
+                raise ValueError(
+                    f"memory_budget={memory.format_bytes(self.memory_budget)} is "
+                    f"smaller than the {memory.format_bytes(needed)} that the "
+                    "parameters, their gradients and the optimizer state need",
+                )
 
     def _make_engine(self) -> accumulation.GradientAccumulator:
         """The accumulation engine for this trainer's reward net (a hook)."""
@@ -229,6 +305,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         self._task.refresh_device()
         self._forward_sizes = {}
         self._gt_probabilities = self._task.ground_truth_probabilities(table)
+        self._plan_memory(table)
 
         progress = tqdm(
             total=epochs * steps_per_epoch,
@@ -266,18 +343,41 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         table: preference_data.PreferenceTable,
         batch: np.ndarray,
     ) -> accumulation.StepResult:
-        chunks = self._make_chunks(table, self._local_items(batch))
-        forward_size = self._forward_size_for(chunks[0]) if chunks else 1
-        self._task.forward_size = forward_size
-        net_calls = sum(
-            planning.n_calls(c.layout.n_transitions, forward_size) for c in chunks
-        )
-        result = self.engine.step(
-            self._task,
-            chunks,
-            n_items=len(batch),
-            net_calls=net_calls,
-        )
+        local = self._local_items(batch)
+        lengths = table.lengths[local].sum(1)
+        while True:
+            plan = self._plan(table, local, lengths)
+            chunks = self._chunks_of(plan, table, local)
+            forward_size = plan.forward_size
+            self._task.forward_size = forward_size
+            self._task.two_pass = plan.two_pass
+            net_calls = (
+                len(chunks)
+                if plan.two_pass
+                else sum(
+                    planning.n_calls(c.layout.n_transitions, forward_size)
+                    for c in chunks
+                )
+            )
+            try:
+                result = self.engine.step(
+                    self._task,
+                    chunks,
+                    n_items=len(batch),
+                    net_calls=net_calls,
+                )
+            except th.OutOfMemoryError as error:
+                # The engine has undone the partial step; redo it with chunks
+                # half as large (raises at one transition).
+                cap = self.planner.back_off(plan, lengths, error)
+            else:
+                break
+            del chunks
+            self._backed_off_cap = cap
+            memory.release_cached_memory(self._task.device)
+            self.logger.log(
+                f"out of memory: step redone with chunks of at most {cap} transitions",
+            )
         self.logger.record("loss", result.loss)
         self.logger.record("accuracy", result.metrics["accuracy"])
         if self._gt_probabilities is not None:
@@ -291,45 +391,262 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         self.logger.record("minibatches_per_step", result.n_minibatches)
         self.logger.record("peak_memory_mib", result.peak_memory_bytes / 2**20)
         self.logger.record("forward_size", forward_size)
+        self.logger.record("two_pass", float(result.two_pass))
+        largest = (
+            plan.largest_chunk(lengths)
+            if plan.two_pass
+            else max((c.layout.n_transitions for c in chunks), default=0)
+        )
+        self.logger.record("chunk_transitions", largest)
+        if self.memory_profile is not None and largest:
+            estimate = self.memory_profile.chunk_bytes(largest, forward_size)
+            self.logger.record("memory_estimate_mib", estimate / 2**20)
+        if result.loss_scale is not None:
+            self.logger.record("amp_loss_scale", result.loss_scale)
+            self.logger.record("amp_skipped_steps", self.engine.n_skipped_steps)
         return result
+
+    def _plan(
+        self,
+        table: preference_data.PreferenceTable,
+        local: np.ndarray,
+        lengths: np.ndarray,
+    ) -> planning.StepPlan:
+        """The planner's decision for a batch (tuning and timing on first use)."""
+
+        def tune(max_size: int) -> int:
+            cap = self.planner.max_transitions
+            limit = max_size if cap is None else min(max_size, cap)
+            if self.forward_size != "auto":
+                return min(int(self.forward_size), limit)
+            if limit not in self._forward_sizes:  # tuned once per call limit
+                sample = self._sample(table, local, max_size)
+                self._forward_sizes[limit] = self._forward_size_for(sample)
+            return min(self._forward_sizes[limit], max_size)
+
+        def time_passes(items: slice, size: int) -> Tuple[float, float]:
+            chunk = self._task.make_chunk(table, local[items])
+            with self._measuring(), self._calling_the_net():
+                timed = planning.time_passes(
+                    lambda start, stop: self._task.call(chunk.layout, start, stop),
+                    chunk.layout.n_transitions,
+                    size,
+                    list(self._task.net.parameters()),
+                    self._task.device,
+                )
+            self.logger.log(
+                f"two_pass: {timed[1]:.3g} s vs one pass {timed[0]:.3g} s over "
+                f"{chunk.layout.n_transitions} transitions in calls of {size}: "
+                f"{'two passes' if timed[1] <= timed[0] else 'one pass'}",
+            )
+            return timed
+
+        return self.planner.plan(
+            lengths,
+            tune_forward_size=tune,
+            time_passes=time_passes,
+        )
+
+    def _sample(
+        self,
+        table: preference_data.PreferenceTable,
+        local: np.ndarray,
+        n_transitions: int,
+    ) -> preference_task.PairChunk:
+        """The first pairs of ``local`` holding at least ``n_transitions``."""
+        lengths = np.cumsum(table.lengths[local].sum(1))
+        n_pairs = min(len(local), int(np.searchsorted(lengths, n_transitions)) + 1)
+        return self._task.make_chunk(table, local[:n_pairs])
+
+    def _chunks_of(
+        self,
+        plan: planning.StepPlan,
+        table: preference_data.PreferenceTable,
+        local: np.ndarray,
+    ) -> List[Any]:
+        if not len(local):
+            return []
+        if plan.two_pass:
+            batch = self._task.make_chunk(table, local)
+            return list(preference_task.transition_chunks(batch, plan.forward_size))
+        return [self._task.make_chunk(table, local[s]) for s in plan.item_chunks]
 
     def _make_chunks(
         self,
         table: preference_data.PreferenceTable,
         indices: np.ndarray,
     ) -> List[preference_task.PairChunk]:
+        lengths = table.lengths[indices].sum(1)
         return [
             self._task.make_chunk(table, indices[s])
-            for s in planning.plan_chunks(len(indices), self.minibatch_size)
+            for s in planning.pair_chunks(
+                lengths,
+                max_items=self.minibatch_size,
+                max_transitions=self.planner.max_transitions,
+            )
         ]
 
-    def _forward_size_for(self, chunk: preference_task.PairChunk) -> int:
-        """Transitions per reward-net call for chunks like ``chunk``."""
-        if self.forward_size != "auto":
-            return int(self.forward_size)
-        n_transitions = chunk.layout.n_transitions
-        if n_transitions not in self._forward_sizes:
-            self._forward_sizes[n_transitions] = self._tune_forward_size(chunk)
-        return self._forward_sizes[n_transitions]
+    def _measuring(self, *, checkpointing: bool = True) -> contextlib.ExitStack:
+        """Context of timing and probing calls.
 
-    def _tune_forward_size(self, chunk: preference_task.PairChunk) -> int:
+        They leave no trace on the RNG or norm statistics, and run as a step's
+        forwards run (autocast, and activation checkpointing unless
+        ``checkpointing=False``).
+        """
+        stack = contextlib.ExitStack()
+        stack.enter_context(accumulation.forked_rng(self._task.device))
+        stack.enter_context(self.engine.norms.frozen())
+        stack.enter_context(self.engine.forward_context(grad=checkpointing))
+        return stack
+
+    def _forward_size_for(self, chunk: preference_task.PairChunk) -> int:
+        """Transitions per reward-net call for chunks like ``chunk``.
+
+        At most the chunk's transitions, and at most the planner's memory cap.
+        """
+        limit = chunk.layout.n_transitions
+        cap = self.planner.max_transitions
+        if cap is not None:
+            limit = min(limit, cap)
+        if self.forward_size != "auto":
+            return min(int(self.forward_size), limit)
+        if limit not in self._forward_sizes:
+            self._forward_sizes[limit] = self._tune_forward_size(chunk, limit)
+        return self._forward_sizes[limit]
+
+    def _tune_forward_size(
+        self,
+        chunk: preference_task.PairChunk,
+        max_size: Optional[int] = None,
+    ) -> int:
         net = self._task.net
         device = self._task.device
         frame = types.assert_not_dictobs(chunk.layout.fragments[0].obs)
-        key = planning.architecture_key(net, frame.shape[1:], frame.dtype, str(device))
+        key = planning.architecture_key(
+            net,
+            frame.shape[1:],
+            frame.dtype,
+            str(device),
+            self.autocast_dtype,
+            self.activation_checkpointing,
+        )
         params: List[th.Tensor] = list(net.parameters())
 
-        def time_call(size: int) -> float:
-            with accumulation.forked_rng(device), self.engine.norms.frozen():
-                return planning.time_forward_backward(
-                    lambda: self._task.call(chunk.layout, 0, size),
-                    params,
-                    device,
+        limit = max_size or chunk.layout.n_transitions
+
+        def time_per_transition(size: int) -> float:
+            # As a one-pass chunk runs: calls of ``size`` over a stretch of
+            # transitions, their graphs kept, then one backward.
+            total = min(limit, max(size, planning.TUNING_TRANSITIONS))
+
+            def run() -> th.Tensor:
+                return th.cat(
+                    [
+                        self._task.call(chunk.layout, s, min(s + size, total))
+                        for s in range(0, total, size)
+                    ],
                 )
 
-        size = planning.tuned_forward_size(key, chunk.layout.n_transitions, time_call)
+            with self._measuring():
+                seconds = planning.time_forward_backward(run, params, device)
+            return seconds / total
+
+        size = planning.tuned_forward_size(key, limit, time_per_transition)
         self.logger.log(f"forward_size: {size} transitions per reward-net call")
         return size
+
+    def _plan_memory(self, table: preference_data.PreferenceTable) -> None:
+        """Sizes chunks from ``memory_budget`` (a probe on the first pair).
+
+        Raises:
+            ValueError: if not even one transition fits in the budget.
+        """
+        device = self._task.device
+        precision.check_supported(self.autocast_dtype, device)  # the net may move
+        if self.memory_budget is None:
+            self.planner.max_transitions = self._backed_off_cap
+            return
+        frame = types.assert_not_dictobs(table.pairs[0][0].obs)
+        key = (frame.shape[1:], frame.dtype, str(device))
+        if self.memory_profile is None or self._profile_key != key:
+            self.memory_profile = self._probe(table)
+            self._profile_key = key
+        profile = self.memory_profile
+        budget = memory.resolve_budget(
+            self.memory_budget,
+            device,
+            memory.resident_training_bytes(self.optim),
+        )
+        largest_batch = int(np.sort(table.lengths.sum(1))[-self.batch_size :].sum())
+        cap = profile.max_chunk_transitions(budget, largest_batch)
+        if cap == 0:
+            raise ValueError(
+                f"memory_budget={self.memory_budget!r} ({memory.format_bytes(budget)}"
+                f") is too small: one transition needs an estimated "
+                f"{memory.format_bytes(profile.chunk_bytes(1, 1))} ("
+                f"{profile.describe()})",
+            )
+        if self._backed_off_cap is not None:
+            cap = min(cap, self._backed_off_cap)
+        self.planner.max_transitions = cap
+        pair = int(table.lengths.sum(1).max())
+        self.logger.log(
+            f"memory_budget: {memory.format_bytes(budget)}; probe: "
+            f"{profile.describe()}; chunks of at most {cap} transitions ("
+            + (
+                f"{cap // pair} pairs"
+                if cap >= pair
+                else f"less than a pair of {pair}: two passes"
+            )
+            + f"); a whole batch in one chunk would need "
+            f"{memory.format_bytes(profile.chunk_bytes(largest_batch, largest_batch))}",
+        )
+
+    def _probe(
+        self,
+        table: preference_data.PreferenceTable,
+    ) -> memory.ActivationProfile:
+        """Counts what a few reward-net calls on the first pair keep for backward."""
+        sample = self._task.make_chunk(table, np.arange(1))
+        net = self._task.net
+        frame = types.assert_not_dictobs(sample.layout.fragments[0].obs)
+        # obs and next_obs converted to float32 on the device, per transition.
+        input_bytes = 2 * 4 * int(np.prod(frame.shape[1:]))
+
+        def run(n: int) -> th.Tensor:
+            with self._measuring():
+                return self._task.call(sample.layout, 0, n)
+
+        def run_plain(n: int) -> th.Tensor:
+            with self._measuring(checkpointing=False):
+                return self._task.call(sample.layout, 0, n)
+
+        with self._calling_the_net():
+            return memory.profile_activations(
+                run,
+                max_transitions=sample.layout.n_transitions,
+                params=list(net.parameters()),
+                device=self._task.device,
+                fixed_bytes=memory.training_state_bytes(self.optim),
+                input_bytes_per_transition=input_bytes,
+                run_without_checkpointing=(
+                    run_plain if self.activation_checkpointing else None
+                ),
+            )
+
+    @contextlib.contextmanager
+    def _calling_the_net(self) -> Iterator[None]:
+        """Calls go to the net itself, not through a wrapper such as DDP's.
+
+        Probes and timings differentiate with ``torch.autograd.grad``; a DDP
+        wrapper must see only the real steps' forwards and backwards.
+        """
+        through = self._task.call_target
+        self._task.call_target = self._task.net
+        try:
+            yield
+        finally:
+            self._task.call_target = through
 
     def _update_regularizer(
         self,
@@ -341,6 +658,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         chunks = self._make_chunks(table, self._local_items(val_idx))
         if chunks:
             self._task.forward_size = self._forward_size_for(chunks[0])
+        self._task.two_pass = False
         val = self.engine.evaluate(self._task, chunks, n_items=len(val_idx))
         if not (np.isfinite(val.loss) and np.isfinite(train_loss)):
             raise FloatingPointError(

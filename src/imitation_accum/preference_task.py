@@ -7,10 +7,16 @@ transition) into returns, and each pair's loss is imitation's: the binary
 cross-entropy between the preference and the Boltzmann-rational probability that
 the first fragment is preferred, with ``noise_prob`` and ``threshold`` as in
 imitation's ``PreferenceModel``.
+
+When one pair does not fit in memory, the batch's fragments are laid end to end
+once and cut into :class:`TransitionChunk` ranges that may split fragments; the
+task then runs the engine's two-pass method (``two_pass = True``): a chunk
+contributes each fragment's discounted partial return, with discount weights
+counted from the fragment's own first transition.
 """
 
 import dataclasses
-from typing import Optional, Tuple, cast
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch as th
@@ -18,10 +24,9 @@ from imitation.algorithms import preference_comparisons
 from imitation.data import types
 from imitation.rewards import reward_nets
 from imitation.util import util
-from stable_baselines3.common import preprocessing
 from torch.nn import functional as F  # noqa: N812
 
-from imitation_accum import accumulation, fragments, preference_data
+from imitation_accum import accumulation, fragments, net_inputs, preference_data
 
 Pair = preference_data.Pair
 
@@ -43,6 +48,38 @@ class PairChunk:
     def n_pairs(self) -> int:
         """Pairs in the chunk."""
         return len(self.preferences)
+
+
+@dataclasses.dataclass
+class TransitionChunk:
+    """Transitions ``[start, stop)`` of a whole batch's fragments (two-pass)."""
+
+    batch: PairChunk
+    """Every pair of the batch (this process's share of it), laid end to end."""
+    start: int
+    stop: int
+
+    @property
+    def n_transitions(self) -> int:
+        """Transitions in the chunk."""
+        return self.stop - self.start
+
+
+def transition_chunks(batch: PairChunk, size: int) -> List[TransitionChunk]:
+    """Cuts the transitions of ``batch`` into consecutive ranges of ``size``.
+
+    Args:
+        batch: The batch, laid out.
+        size: Transitions per chunk (the last may be shorter).
+
+    Returns:
+        Chunks covering every transition, in order.
+    """
+    total = batch.layout.n_transitions
+    return [
+        TransitionChunk(batch, start, min(start + size, total))
+        for start in range(0, total, size)
+    ]
 
 
 def probability_first_preferred(
@@ -97,7 +134,8 @@ def preference_losses(
         The per-pair losses and the (detached) predicted probabilities.
     """
     if noise_prob == 0:
-        logits = -th.clamp(returns_b - returns_a, -threshold, threshold)
+        # The logit of the first fragment being preferred: -clip(R_b - R_a).
+        logits = th.clamp(returns_a - returns_b, -threshold, threshold)
         losses = F.binary_cross_entropy_with_logits(
             logits,
             preferences,
@@ -123,6 +161,8 @@ class PreferenceTask:
     """
 
     metric_names = ("accuracy",)
+    two_pass = False
+    """Whether chunks are :class:`TransitionChunk` ranges (set before each step)."""
 
     def __init__(
         self,
@@ -142,26 +182,14 @@ class PreferenceTask:
         # forwards to it and must see every forward (DistributedDataParallel).
         self.call_target: th.nn.Module = net
         self.device = net.device
-        self._preprocess_owner = _stock_preprocess(net)
+        self.inputs = net_inputs.InputPreparer(net)
 
     def refresh_device(self) -> None:
         """Re-reads the net's device (looked up once per step, not per call)."""
         self.device = self.net.device
 
-    def _net_inputs(self, obs, acts, next_obs, dones) -> Tuple[th.Tensor, ...]:
-        stock = self._preprocess_owner
-        if stock is None:
-            return self.net.preprocess(obs, acts, next_obs, dones)
-        # RewardNet.preprocess applied to tensors already on the device, minus its
-        # per-call device lookups (they dominate the cost of small MLP calls).
-        norm = stock.normalize_images
-        obs_space, act_space = stock.observation_space, stock.action_space
-        return (
-            cast(th.Tensor, preprocessing.preprocess_obs(obs, obs_space, norm)),
-            cast(th.Tensor, preprocessing.preprocess_obs(acts, act_space, norm)),
-            cast(th.Tensor, preprocessing.preprocess_obs(next_obs, obs_space, norm)),
-            dones.to(th.float32),
-        )
+    def _to_device(self, array: np.ndarray) -> th.Tensor:
+        return util.safe_to_tensor(array).to(self.device)
 
     def make_chunk(
         self,
@@ -182,12 +210,18 @@ class PreferenceTask:
         self, layout: fragments.FragmentLayout, start: int, stop: int
     ) -> th.Tensor:
         """One reward-net call on transitions ``[start, stop)`` of ``layout``."""
-        # Frames travel to the device as stored (uint8) and are converted there;
-        # RewardNet.preprocess accepts tensors as well as arrays.
-        obs, acts, next_obs, dones = (
-            util.safe_to_tensor(x).to(self.device) for x in layout.gather(start, stop)
+        # Frames travel to the device as stored (uint8) and are converted there.
+        obs, acts, next_obs, dones = layout.gather(
+            start,
+            stop,
+            next_obs=self.inputs.reads_next_state,
         )
-        state, action, next_state, done = self._net_inputs(obs, acts, next_obs, dones)
+        state, action, next_state, done = self.inputs(
+            self._to_device(obs),
+            self._to_device(acts),
+            None if next_obs is None else self._to_device(next_obs),
+            self._to_device(dones),
+        )
         rewards = self.call_target(state, action, next_state, done)
         if rewards.shape != (stop - start,):
             raise ValueError(
@@ -196,12 +230,15 @@ class PreferenceTask:
             )
         return rewards
 
-    def forward(self, chunk: PairChunk) -> th.Tensor:
-        """Per-transition rewards of every fragment of ``chunk``."""
-        total = chunk.layout.n_transitions
+    def forward(self, chunk: Union[PairChunk, TransitionChunk]) -> th.Tensor:
+        """Per-transition rewards of every transition of ``chunk``."""
+        if isinstance(chunk, TransitionChunk):
+            layout, begin, end = chunk.batch.layout, chunk.start, chunk.stop
+        else:
+            layout, begin, end = chunk.layout, 0, chunk.layout.n_transitions
         outputs = [
-            self.call(chunk.layout, start, min(start + self.forward_size, total))
-            for start in range(0, total, self.forward_size)
+            self.call(layout, start, min(start + self.forward_size, end))
+            for start in range(begin, end, self.forward_size)
         ]
         return outputs[0] if len(outputs) == 1 else th.cat(outputs)
 
@@ -213,7 +250,30 @@ class PreferenceTask:
 
     def loss(self, chunk: PairChunk, outputs: th.Tensor) -> accumulation.ChunkLoss:
         """Per-pair cross-entropy losses and correct-prediction counts."""
-        returns = self.returns(chunk, outputs)
+        return self._loss_of_returns(chunk, self.returns(chunk, outputs))
+
+    def partial_sums(self, chunk: TransitionChunk, outputs: th.Tensor) -> th.Tensor:
+        """Two-pass: the chunk's part of every fragment's discounted return."""
+        discounts = chunk.batch.discounts
+        if discounts is not None:
+            # Weights counted from each fragment's first transition, also for a
+            # chunk that starts inside a fragment.
+            outputs = outputs * discounts[chunk.start : chunk.stop]
+        return chunk.batch.layout.range_sums(outputs, chunk.start, chunk.stop)
+
+    def loss_of_sums(
+        self,
+        chunks: Sequence[TransitionChunk],
+        sums: th.Tensor,
+    ) -> accumulation.ChunkLoss:
+        """Two-pass: every pair's loss from the returns of the whole batch."""
+        return self._loss_of_returns(chunks[0].batch, sums)
+
+    def _loss_of_returns(
+        self,
+        chunk: PairChunk,
+        returns: th.Tensor,
+    ) -> accumulation.ChunkLoss:
         losses, probs = preference_losses(
             returns[0::2],
             returns[1::2],
@@ -268,17 +328,6 @@ def cross_entropy(probabilities: np.ndarray, preferences: np.ndarray) -> float:
             th.as_tensor(preferences, dtype=th.float32),
         ),
     )
-
-
-def _stock_preprocess(net: reward_nets.RewardNet) -> Optional[reward_nets.RewardNet]:
-    """The net whose unmodified ``RewardNet.preprocess`` ``net.preprocess`` runs."""
-    while True:
-        method = type(net).preprocess
-        if method is reward_nets.RewardNet.preprocess:
-            return net
-        if method is not reward_nets.RewardNetWrapper.preprocess:
-            return None
-        net = cast(reward_nets.RewardNetWrapper, net).base
 
 
 def task_for(
