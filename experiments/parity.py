@@ -99,7 +99,7 @@ def train(kind, seed, minibatch_size, dataset, epochs, optimizer="adamw"):
     factory = regularizers.LpRegularizer.create(
         initial_lambda=1e-3,
         p=2,
-        lambda_updater=updaters.IntervalParamScaler(0.5, (1.0, 1.1)),
+        lambda_updater=updaters.IntervalParamScaler(0.5, (0.9, 1.5)),
         val_split=0.2,
     )
     common = {
