@@ -208,7 +208,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             else None
         )
         self._task = preference_task.task_for(preference_model)
-        self._gt_probabilities: Optional[np.ndarray] = None
+        self._gt_losses: Optional[np.ndarray] = None
         self._forward_sizes: Dict[int, int] = {}
         self.planner = planning.ChunkPlanner(
             minibatch_size=self.minibatch_size,
@@ -304,7 +304,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             )
         self._task.refresh_device()
         self._forward_sizes = {}
-        self._gt_probabilities = self._task.ground_truth_probabilities(table)
+        self._gt_losses = self._task.ground_truth_losses(table)
         self._plan_memory(table)
 
         progress = tqdm(
@@ -380,11 +380,8 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             )
         self.logger.record("loss", result.loss)
         self.logger.record("accuracy", result.metrics["accuracy"])
-        if self._gt_probabilities is not None:
-            gt_loss = preference_task.cross_entropy(
-                self._gt_probabilities[batch],
-                table.preferences[batch],
-            )
+        if self._gt_losses is not None:
+            gt_loss = float(self._gt_losses[batch].mean(dtype=np.float64))
             self.logger.record("gt_reward_loss", gt_loss)
         self.logger.record("grad_norm", result.grad_norm)
         self.logger.record("pairs_per_second", result.n_items / result.seconds)

@@ -288,17 +288,21 @@ class PreferenceTask:
             metric_sums={"accuracy": correct.detach()},
         )
 
-    def ground_truth_probabilities(
+    def ground_truth_losses(
         self,
         table: preference_data.PreferenceTable,
     ) -> Optional[np.ndarray]:
-        """Preference probabilities the true rewards give (``gt_reward_loss``).
+        """Per-pair cross-entropy of the true rewards' preferences (``gt_reward_loss``).
+
+        Computed once per ``train()`` call, so that a step's figure is a mean over
+        its pairs rather than a pass over its fragments.
 
         Args:
             table: The dataset.
 
         Returns:
-            One probability per pair, or ``None`` if some fragment has no rewards.
+            One loss per pair, as ``F.binary_cross_entropy`` computes it, or
+            ``None`` if some fragment has no rewards.
         """
         frags = table.fragments(range(len(table)))
         if not all(isinstance(f, types.TrajectoryWithRew) for f in frags):
@@ -317,17 +321,12 @@ class PreferenceTask:
             self.noise_prob,
             self.threshold,
         )
-        return probs.numpy()
-
-
-def cross_entropy(probabilities: np.ndarray, preferences: np.ndarray) -> float:
-    """Mean binary cross-entropy, computed as torch computes it."""
-    return float(
-        F.binary_cross_entropy(
-            th.as_tensor(probabilities, dtype=th.float32),
-            th.as_tensor(preferences, dtype=th.float32),
-        ),
-    )
+        losses = F.binary_cross_entropy(
+            probs,
+            th.as_tensor(table.preferences, dtype=th.float32),
+            reduction="none",
+        )
+        return losses.numpy()
 
 
 def task_for(
