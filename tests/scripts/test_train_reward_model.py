@@ -267,7 +267,6 @@ def test_failing_rank_stops_the_job_and_names_itself(tmp_path, preferences_path)
     assert checkpoint.load_training_state(checkpoints / "training_state.pt").epoch == 1
 
 
-@pytest.mark.expensive
 def test_torchrun_two_ranks_equal_one_process(tmp_path, preferences_path):
     # 36 training pairs in batches of 7: shares of 4 and 3 pairs in minibatches
     # of 3, and a last batch of one pair, in which rank 1 has none.
