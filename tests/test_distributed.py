@@ -8,10 +8,9 @@ Naive variants of the engine (no compensation of DDP's averaging, rank 0's norm
 statistics broadcast by DDP, a gradient reduction per minibatch) fail the same
 checks.
 
-The two-pass scenario runs chunks smaller than a pair, as a ``memory_budget`` too
-small for one pair does; a scenario with ``memory_budget`` itself belongs in
-``scenarios`` and ``test_two_ranks_equal_one_process`` once a budget can be given
-that yields a known chunk size independently of the planner's reserve constants.
+The ``memory_budget`` scenarios take budgets computed from the trainer's own probe
+for a chosen chunk size: one in which a pair fits (one pass, a pair per chunk) and
+one in which it does not (two passes).
 """
 
 import contextlib
@@ -32,7 +31,12 @@ from imitation.regularization import regularizers, updaters
 from imitation.rewards import reward_nets
 from imitation.util import networks
 
-from imitation_accum import CrossEntropyRewardTrainer, distributed, planning
+from imitation_accum import (
+    CrossEntropyRewardTrainer,
+    distributed,
+    planning,
+    preference_data,
+)
 from tests import reference as ref
 
 WORLD_SIZE = 2
@@ -77,6 +81,25 @@ BALANCED_RUN = dict(
     optimizer_cls=th.optim.SGD,
 )
 BALANCED_PAIRS = 12
+
+
+# Pairs of fragments of 3 and 5 transitions: a pair holds 8.
+ONE_PAIR_CHUNK, SPLIT_PAIR_CHUNK = 8, 6
+
+
+def budget_run(chunk_transitions: int) -> Dict[str, Any]:
+    """RUNNING_NORM_RUN with the budget in which chunks of this size just fit."""
+    kwargs = dict(RUNNING_NORM_RUN, minibatch_size=None, progress_bar=False)
+    probe = CrossEntropyRewardTrainer(
+        pc.PreferenceModel(make_net()),
+        pc.CrossEntropyRewardLoss(),
+        np.random.default_rng(3),
+        **kwargs,
+    )
+    probe._task.refresh_device()
+    profile = probe._probe(preference_data.read_preferences(make_dataset()))
+    budget = int(profile.chunk_bytes(chunk_transitions, chunk_transitions))
+    return dict(kwargs, memory_budget=budget)
 
 
 def regularized_run() -> Dict[str, Any]:
@@ -267,6 +290,16 @@ def scenarios(rank: int) -> Dict[str, Any]:
             make_net,
             dict(RUNNING_NORM_RUN, two_pass=True),
         ),
+        "budget_one_pass": run_and_record(
+            trainer_cls,
+            make_net,
+            budget_run(ONE_PAIR_CHUNK),
+        ),
+        "budget_two_pass": run_and_record(
+            trainer_cls,
+            make_net,
+            budget_run(SPLIT_PAIR_CHUNK),
+        ),
         "ema_regularized": run_and_record(
             trainer_cls,
             lambda: make_net(networks.EMANorm),
@@ -406,6 +439,27 @@ def test_two_ranks_equal_one_process(
         for got, want in zip(steps, expected["steps"]):
             assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
             assert got["accuracy"] == pytest.approx(want["accuracy"], abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "two_pass"),
+    [("budget_one_pass", False), ("budget_two_pass", True)],
+)
+def test_two_ranks_with_a_memory_budget_equal_one_process(ranks, scenario, two_pass):
+    # The reference: one process with a fixed minibatch size (itself checked
+    # against the plain full-batch reference elsewhere); any chunking is exact.
+    expected = single_process(make_net, RUNNING_NORM_RUN)
+    for rank in ranks:
+        assert relative_error(rank[scenario]["state"], expected["params"]) < PARAM_TOL
+        assert relative_error(rank[scenario]["state"], expected["buffers"]) < PARAM_TOL
+        # (A rank with no pairs in a step runs no chunk, in neither mode.)
+        modes = {step["two_pass"] for step in rank[scenario]["steps"] if step["chunks"]}
+        assert modes == {two_pass}
+    # The budget, not a minibatch size, split each share: rank 0's share of 4
+    # pairs ran in 4 one-pair chunks, or, two-pass, in 11 ranges of its 32
+    # transitions (one reward-net call of forward_size=3 each, under the cap of 6).
+    first_step = ranks[0][scenario]["steps"][0]
+    assert first_step["chunks"] == (11 if two_pass else 4)
 
 
 def test_a_rank_without_pairs_joins_the_step(ranks):
