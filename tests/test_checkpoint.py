@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
@@ -14,6 +15,7 @@ from imitation.rewards import reward_nets
 from imitation.util import networks
 
 from imitation_accum import CrossEntropyRewardTrainer, checkpoint
+from imitation_accum.reward_nets import CnnShapedRewardNet
 from tests import reference as ref
 
 
@@ -170,6 +172,61 @@ def imitation_load(path, kind: str, prelude: str) -> subprocess.CompletedProcess
         text=True,
         check=False,
     )
+
+
+FRAMES = gym.spaces.Box(0, 255, (12, 12, 4), np.uint8)
+ACTIONS = gym.spaces.Discrete(3)
+
+
+def make_cnn(kind: str) -> reward_nets.RewardNet:
+    th.manual_seed(0)
+    if kind == "cnn":
+        return reward_nets.CnnRewardNet(FRAMES, ACTIONS, hid_channels=(4,))
+    return CnnShapedRewardNet(
+        FRAMES,
+        ACTIONS,
+        reward_hid_channels=(4,),
+        potential_hid_channels=(4,),
+    )
+
+
+def frame_outputs(net) -> th.Tensor:
+    obs = np.random.default_rng(0).integers(0, 256, (5, *FRAMES.shape), np.uint8)
+    acts = np.arange(5) % 3
+    with th.no_grad():
+        return net(*net.preprocess(obs, acts, obs[::-1].copy(), np.zeros(5, bool)))
+
+
+@pytest.mark.parametrize("kind", ["cnn", "cnn_shaped"])
+def test_atari_reward_nets_round_trip(tmp_path, kind):
+    """The nets of the Atari configs (GAIL/preferences: CNN; AIRL: shaped CNN)."""
+    net = make_cnn(kind)
+    path = checkpoint.save_reward_net(net, tmp_path / "reward_net.pt")
+    loaded = checkpoint.load_reward_net(path)
+    assert type(loaded) is type(net)
+    assert th.equal(frame_outputs(net.eval()), frame_outputs(loaded))
+
+
+_IMITATION_LOADS_FRAMES = """
+import numpy as np
+import imitation_accum
+from imitation.rewards import serialize
+reward_fn = serialize.load_reward("RewardNet_unshaped", {path!r}, None)
+obs = np.zeros((3, 12, 12, 4), np.uint8)
+print(reward_fn(obs, np.zeros(3, int), obs, np.zeros(3, bool)).shape)
+"""
+
+
+def test_imitation_loader_reads_a_shaped_cnn(tmp_path):
+    path = checkpoint.save_reward_net(make_cnn("cnn_shaped"), tmp_path / "r.pt")
+    done = subprocess.run(
+        [sys.executable, "-c", _IMITATION_LOADS_FRAMES.format(path=str(path))],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "(3,)"
 
 
 @pytest.mark.parametrize("kind", ["RewardNet_normalized", "RewardNet_unnormalized"])

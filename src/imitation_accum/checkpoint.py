@@ -40,9 +40,12 @@ import gymnasium as gym
 import numpy as np
 import torch as th
 from imitation.algorithms import preference_comparisons as pc
+from imitation.algorithms.adversarial import gail
 from imitation.rewards import reward_nets
 from imitation.util import networks
 from torch import nn
+
+from imitation_accum import reward_nets as accum_reward_nets
 
 AnyPath = Union[str, os.PathLike]
 
@@ -104,12 +107,18 @@ def default_safe_globals() -> List[SafeGlobal]:
     """The classes and functions a reward net of imitation's kinds pickles.
 
     Returns:
-        imitation's reward-net and norm-layer classes, every ``torch.nn`` layer,
+        imitation's and this package's reward-net classes (GAIL's
+        discriminator-logit reward too), imitation's norm layers, every
+        ``torch.nn`` layer,
         gymnasium's array spaces and the numpy types and generator constructors
         that they hold.
     """
     found: List[SafeGlobal] = []
     found += _module_classes(vars(reward_nets))
+    # This package's nets (AIRL's shaped CNN on frames) load like imitation's.
+    found += _module_classes(vars(accum_reward_nets))
+    # GAIL's reward_train.pt: the discriminator seen as a reward.
+    found.append(gail.RewardNetFromDiscriminatorLogit)
     found += _module_classes(vars(networks))
     found += _module_classes(vars(nn))
     found += [

@@ -3,10 +3,9 @@
 import json
 
 import pytest
-import torch as th
 from imitation.rewards import reward_nets
 
-from imitation_accum import adversarial, demonstrations
+from imitation_accum import adversarial, checkpoint, demonstrations
 from imitation_accum.reward_nets import CnnShapedRewardNet
 from imitation_accum.scripts import atari_configs
 from imitation_accum.scripts.train_adversarial import train_adversarial_ex as ex
@@ -123,7 +122,8 @@ def test_atari_named_config(
     assert disc_steps
     helpers.assert_finite_losses(helpers.progress(run), "disc/disc_loss")
     final = helpers.log_dir(run) / "checkpoints" / "final"
-    nets = [th.load(final / "reward_train.pt", weights_only=False)]
+    # Through the safe loader, as imitation's load_reward reads it on torch >= 2.6.
+    nets = [checkpoint.load_reward_net(final / "reward_train.pt")]
     while hasattr(nets[-1], "base"):  # normalization and logit wrappers
         nets.append(nets[-1].base)
     expected = CnnShapedRewardNet if algorithm == "airl" else reward_nets.CnnRewardNet

@@ -5,10 +5,10 @@ import pickle
 
 import numpy as np
 import pytest
-import torch as th
 from imitation.rewards import reward_nets
 from stable_baselines3 import PPO
 
+from imitation_accum import checkpoint
 from imitation_accum.scripts import atari_configs
 from imitation_accum.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex as ex,
@@ -85,9 +85,7 @@ def test_atari_named_config(tmp_path, named_config, frame_shape, reward):
     log_dir = helpers.log_dir(run)
     helpers.assert_finite_losses(helpers.progress(run), "train/loss")
 
-    net = th.load(
-        log_dir / "checkpoints" / "final" / "reward_net.pt", weights_only=False
-    )
+    net = checkpoint.load_reward_net(log_dir / "checkpoints/final/reward_net.pt")
     assert isinstance(net, reward_nets.NormalizedRewardNet)
     assert isinstance(net.base, reward_nets.CnnRewardNet)
     assert net.observation_space.shape == frame_shape  # height, width, channels
@@ -118,9 +116,8 @@ def test_imitation_reward_ensemble_named_config(tmp_path):
         ["fast", "reward.reward_ensemble"],
         {"reward_trainer_kwargs": {"batch_size": 4, "minibatch_size": 3, **QUIET}},
     )
-    net = th.load(
-        helpers.log_dir(run) / "checkpoints" / "final" / "reward_net.pt",
-        weights_only=False,
+    net = checkpoint.load_reward_net(
+        helpers.log_dir(run) / "checkpoints" / "final" / "reward_net.pt"
     )
     assert isinstance(net.base, reward_nets.RewardEnsemble)
     helpers.assert_finite_losses(helpers.progress(run), "train/loss")
