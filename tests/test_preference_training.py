@@ -19,6 +19,7 @@ from imitation_accum import (
     CrossEntropyRewardTrainer,
     EnsembleTrainer,
     make_reward_trainer,
+    preference,
 )
 from tests import reference as ref
 from tests.test_preference_exactness import make_net, make_trainer
@@ -67,6 +68,106 @@ def test_logged_loss_and_accuracy_match_reference(rng):
     gt_probs = 1 / (1 + th.exp(gt[:, 1] - gt[:, 0]))
     gt_loss = th.nn.functional.binary_cross_entropy(gt_probs, th.as_tensor(prefs))
     assert raw["reward/final/train/gt_reward_loss"] == pytest.approx(float(gt_loss))
+
+
+def reference_accuracy(net, pairs, prefs) -> float:
+    """Share of pairs whose preferred fragment gets the larger return (plainly)."""
+    correct = 0
+    with th.no_grad():
+        for (a, b), pref in zip(pairs, prefs):
+            ret_a, ret_b = (
+                net(
+                    *net.preprocess(
+                        f.obs[:-1], f.acts, f.obs[1:], np.zeros(len(f.acts))
+                    )
+                ).sum()
+                for f in (a, b)
+            )
+            prob_a = 1 / (1 + th.exp(ret_b - ret_a))
+            correct += int(bool(prob_a > 0.5) == (pref > 0.5))
+    return correct / len(pairs)
+
+
+def test_logged_accuracy_matches_reference_and_mean_of_means_differs(rng):
+    dataset = ref.make_dataset(rng, 12, (5,), binary=True)
+    pairs, prefs = ref.batch_of(dataset, range(12))
+    th.manual_seed(0)
+    net = make_net()
+    initial = copy.deepcopy(net)
+    trainer = make_trainer(net, batch_size=12, minibatch_size=5, forward_size=7)
+    trainer.train(dataset)
+    raw = trainer.logger.name_to_value
+    expected = reference_accuracy(initial, pairs, prefs)
+    assert raw["reward/final/train/accuracy"] == pytest.approx(expected)
+    with th.no_grad():
+        expected_loss = float(ref.full_batch_loss(initial, pairs, prefs))
+    assert raw["reward/final/train/loss"] == pytest.approx(expected_loss, rel=1e-5)
+    # The naive figure, a mean of the minibatch means (5, 5, 2 pairs), is not it.
+    with th.no_grad():
+        naive_loss = np.mean(
+            [
+                float(ref.full_batch_loss(initial, pairs[i : i + 5], prefs[i : i + 5]))
+                for i in range(0, 12, 5)
+            ],
+        )
+    assert abs(naive_loss - expected_loss) > 1e-3
+
+
+def test_steps_log_throughput_memory_and_chunking(rng):
+    dataset = ref.make_dataset(rng, 10, (4,))
+    trainer = make_trainer(make_net(), batch_size=4, minibatch_size=3, forward_size=5)
+    trainer.train(dataset)
+    raw = trainer.logger.name_to_value
+    # Batches of 4, 4 and 2 pairs of 4-transition fragments, in chunks of 3 pairs.
+    for prefix in ("mean/reward/epoch-0/train/", "reward/final/train/"):
+        assert raw[prefix + "pairs_per_second"] > 0
+        assert raw[prefix + "peak_memory_mib"] > 0
+        assert raw[prefix + "forward_size"] == 5
+        assert raw[prefix + "chunk_transitions"] == pytest.approx((24 + 24 + 16) / 3)
+        assert raw[prefix + "minibatches_per_step"] == pytest.approx((2 + 2 + 1) / 3)
+        assert raw[prefix + "two_pass"] == 0
+        assert raw[prefix + "grad_norm"] > 0
+
+
+class RecordingBar:
+    """Stands for tqdm: records the total, updates and postfixes."""
+
+    bars: list = []
+
+    def __init__(self, total, disable, **kwargs):
+        self.total, self.disable, self.updates, self.postfixes = total, disable, 0, []
+        RecordingBar.bars.append(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n=1):
+        self.updates += n
+
+    def set_postfix(self, postfix, refresh=True):
+        self.postfixes.append(dict(postfix))
+
+
+def test_progress_bar_advances_once_per_step(rng, monkeypatch):
+    monkeypatch.setattr(preference, "tqdm", RecordingBar)
+    RecordingBar.bars = []
+    dataset = ref.make_dataset(rng, 10, (4,))
+    trainer = make_trainer(
+        make_net(),
+        batch_size=4,
+        minibatch_size=3,
+        epochs=2,
+        progress_bar=True,
+    )
+    trainer.train(dataset)
+    (bar,) = RecordingBar.bars
+    assert not bar.disable
+    assert bar.total == bar.updates == 2 * 3  # 2 epochs of batches 4, 4, 2
+    assert bar.postfixes
+    assert {"loss", "acc", "pairs/s", "peak"} <= set(bar.postfixes[0])
 
 
 def recorded_batches(trainer, dataset):
