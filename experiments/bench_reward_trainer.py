@@ -18,10 +18,18 @@ Usage::
 
     python experiments/bench_reward_trainer.py            # all configurations
     python experiments/bench_reward_trainer.py --quick    # fewer epochs
+    python experiments/bench_reward_trainer.py --memory   # memory against sizes
+
+``--memory`` trains ``cnn84`` at batch sizes 4 and 8 and minibatch sizes 1, 2
+and 4, with glibc's ``MALLOC_MMAP_THRESHOLD_`` fixed at 128 KiB so that freed
+activations leave the resident set (by default glibc raises the threshold as
+blocks are freed and keeps them resident, which hides what a step holds), and
+writes ``results/bench_reward_trainer_memory.md``.
 """
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -98,7 +106,14 @@ def time_epochs(run_epochs, epochs):
     return (time.perf_counter() - start) / epochs
 
 
-def worker(impl: str, config: str, epochs: int, minibatch=None, batch=None) -> dict:
+def worker(
+    impl: str,
+    config: str,
+    epochs: int,
+    minibatch=None,
+    batch=None,
+    one_pass=False,
+) -> dict:
     shape, kind, n_pairs, length, batch_size, minibatch_size = CONFIGS[config]
     batch_size = batch or batch_size
     minibatch_size = minibatch or minibatch_size
@@ -129,6 +144,9 @@ def worker(impl: str, config: str, epochs: int, minibatch=None, batch=None) -> d
             minibatch_size=minibatch_size,
             custom_logger=logger,
             progress_bar=False,
+            # The memory table pins whole-pair chunks (otherwise the planner may
+            # time two passes, whose RSS then counts too).
+            **({"two_pass": False} if one_pass else {}),
         )
         seconds = time_epochs(lambda k: train_epochs(trainer, dataset, k), epochs)
         extra["forward_size"] = trainer._task.forward_size
@@ -226,11 +244,18 @@ class FloorLoop:
             self.optim.step()
 
 
-def run_worker(impl, config, epochs, **kwargs) -> dict:
+def run_worker(impl, config, epochs, env=None, **kwargs) -> dict:
     cmd = [sys.executable, __file__, "--worker", impl, config, "--epochs", str(epochs)]
     for key, value in kwargs.items():
-        cmd += [f"--{key}", str(value)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        flag = "--" + key.replace("_", "-")
+        cmd += [flag] if value is True else [flag, str(value)]
+    out = subprocess.run(
+        cmd,
+        check=True,
+        capture_output=True,
+        text=True,
+        env=None if env is None else {**os.environ, **env},
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -240,12 +265,20 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--minibatch", type=int)
     parser.add_argument("--batch", type=int)
+    parser.add_argument("--one-pass", action="store_true")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    parser.add_argument("--memory", action="store_true")
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(*args.worker, args.epochs, args.minibatch, args.batch)))
+        result = worker(
+            *args.worker, args.epochs, args.minibatch, args.batch, args.one_pass
+        )
+        print(json.dumps(result))
+        return
+    if args.memory:
+        memory_table(epochs=2)
         return
     epochs = 2 if args.quick else args.epochs
     repeats = 1 if args.quick else args.repeats
@@ -262,23 +295,10 @@ def main() -> None:
                     results[impl] = run
         rows.append(results)
         print(json.dumps(results), flush=True)
-    memory = []
-    if "cnn84" in args.configs:
-        for batch, minibatch in ((4, 1), (4, 2), (4, 4), (8, 2)):
-            memory.append(
-                run_worker(
-                    "accum",
-                    "cnn84",
-                    max(1, epochs // 2),
-                    batch=batch,
-                    minibatch=minibatch,
-                )
-            )
-            print(json.dumps(memory[-1]), flush=True)
-    write_tables(rows, memory)
+    write_tables(rows)
 
 
-def write_tables(rows, memory) -> None:
+def write_tables(rows) -> None:
     header = (
         "config",
         "batch / minibatch",
@@ -305,20 +325,42 @@ def write_tables(rows, memory) -> None:
             f"| {i['peak_rss_mib']:.0f} / {a['peak_rss_mib']:.0f} "
             f"/ {f['peak_rss_mib']:.0f} |",
         )
-    if memory:
-        lines += [
-            "",
-            "| cnn84: batch / minibatch | training memory MiB "
-            "(peak RSS - RSS before training) | s/epoch |",
-            "|---|---|---|",
-        ]
-        for m in memory:
-            lines.append(
-                f"| {m['batch_size']} / {m['minibatch_size']} "
-                f"| {m['training_memory_mib']:.0f} | {m['seconds_per_epoch']:.2f} |",
-            )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench_reward_trainer.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def memory_table(epochs: int) -> None:
+    """Training memory of ``cnn84`` against batch and minibatch size."""
+    env = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+    runs = []
+    for batch in (4, 8):
+        for minibatch in (1, 2, 4):
+            runs.append(
+                run_worker(
+                    "accum",
+                    "cnn84",
+                    epochs,
+                    env=env,
+                    batch=batch,
+                    minibatch=minibatch,
+                    one_pass=True,
+                ),
+            )
+            print(json.dumps(runs[-1]), flush=True)
+    lines = [
+        "| cnn84: batch / minibatch (one pass) | training memory MiB "
+        "(peak RSS - RSS before training) | s/epoch | forward_size |",
+        "|---|---|---|---|",
+    ]
+    for m in runs:
+        lines.append(
+            f"| {m['batch_size']} / {m['minibatch_size']} "
+            f"| {m['training_memory_mib']:.0f} | {m['seconds_per_epoch']:.2f} "
+            f"| {m['forward_size']} |",
+        )
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_reward_trainer_memory.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

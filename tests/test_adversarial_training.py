@@ -4,6 +4,8 @@ The generator and its PPO are imitation's and SB3's, unchanged; demonstrations a
 rollouts of an untrained PPO policy (exactness does not need a good expert).
 """
 
+from typing import Optional
+
 import numpy as np
 import pytest
 import torch as th
@@ -18,13 +20,21 @@ from imitation.util import networks
 from torch.nn import functional as F  # noqa: N812
 
 import imitation_accum
+from imitation_accum import accumulation
 from imitation_accum.reward_nets import CnnShapedRewardNet
 from tests import adversarial_setup as setup
 
 N_STEPS = 32  # PPO steps per round (= gen_train_timesteps with one env)
 
 
-def classic_control_run(algo: str, *, seed: int, rounds: int = 3):
+def classic_control_run(
+    algo: str,
+    *,
+    seed: int,
+    rounds: int = 3,
+    demo_minibatch_size: Optional[int] = 5,  # uneven: 5, 5, ..., 2
+    **trainer_kwargs,
+):
     """A short train() on Pendulum (AIRL) or CartPole (GAIL); returns the trainer."""
     th.manual_seed(seed)
     np.random.seed(seed)  # imitation's replay buffer samples from numpy's global RNG
@@ -50,13 +60,15 @@ def classic_control_run(algo: str, *, seed: int, rounds: int = 3):
     trainer = cls(
         demonstrations=demos,
         demo_batch_size=32,
-        demo_minibatch_size=5,  # uneven: 5, 5, ..., 2
+        demo_minibatch_size=demo_minibatch_size,
         venv=venv,
         gen_algo=ppo,
         reward_net=net,
         custom_logger=setup.quiet_logger(),
         allow_variable_horizon=algo == "GAIL",  # CartPole ends early
+        **trainer_kwargs,
     )
+    trainer.initial_params = setup.flat_params(net)
     trainer.train(rounds * N_STEPS)
     return trainer
 
@@ -74,6 +86,64 @@ def test_train_runs_with_accumulation(algo):
         if isinstance(m, networks.RunningNorm)
     ]
     assert norm_counts and all(c > 0 for c in norm_counts)
+
+
+@pytest.mark.parametrize("algo", ["AIRL", "GAIL"])
+def test_train_does_not_depend_on_the_minibatch_size(algo):
+    """Whole train() runs: the same samples, draws and updates for every split."""
+    runs = {}
+    for minibatch in (None, 5, 1):
+        trainer = classic_control_run(
+            algo,
+            seed=2,
+            rounds=2,
+            demo_minibatch_size=minibatch,
+            disc_opt_cls=th.optim.SGD,
+            disc_opt_kwargs={"lr": 0.05},
+        )
+        initial = trainer.initial_params
+        runs[minibatch] = (
+            setup.flat_params(trainer._reward_net),
+            setup.buffers(trainer._reward_net),
+            np.random.get_state()[1].copy(),  # numpy's global RNG: the buffer
+            th.get_rng_state(),
+        )
+    params, buffers, numpy_state, torch_state = runs[None]
+    for minibatch in (5, 1):
+        other_params, other_buffers, other_numpy, other_torch = runs[minibatch]
+        # Round-off of the discriminator reaches PPO through the reward, so the
+        # runs agree closely rather than bit for bit.
+        distance = th.linalg.vector_norm(other_params - params)
+        assert distance <= 1e-4 * th.linalg.vector_norm(params - initial)
+        for name, value in buffers.items():
+            assert th.allclose(other_buffers[name], value, rtol=1e-4, atol=1e-6), name
+        # No global RNG is drawn per minibatch: both generators end where the
+        # whole-batch run leaves them.
+        assert np.array_equal(other_numpy, numpy_state)
+        assert th.equal(other_torch, torch_state)
+
+
+@pytest.mark.parametrize("algo", ["AIRL", "GAIL"])
+def test_per_minibatch_norm_updates_fail_the_same_comparison(algo, monkeypatch):
+    # Naive: no statistics pre-pass, so each minibatch updates RunningNorm itself.
+    monkeypatch.setattr(
+        accumulation.GradientAccumulator,
+        "_gather_norm_statistics",
+        lambda self, task, chunks: None,
+    )
+    finals = {}
+    for minibatch in (None, 5):
+        trainer = classic_control_run(
+            algo,
+            seed=2,
+            rounds=2,
+            demo_minibatch_size=minibatch,
+            disc_opt_cls=th.optim.SGD,
+            disc_opt_kwargs={"lr": 0.05},
+        )
+        finals[minibatch] = setup.flat_params(trainer._reward_net)
+    update = th.linalg.vector_norm(finals[None] - trainer.initial_params)
+    assert th.linalg.vector_norm(finals[5] - finals[None]) > 1e-3 * update
 
 
 @pytest.mark.parametrize("algo", ["AIRL", "GAIL"])
