@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch as th
 from imitation.rewards.reward_nets import BasicRewardNet
+from imitation.util import networks
 
 from imitation_accum import memory
 from tests import adversarial_setup as setup
@@ -112,6 +113,48 @@ def test_out_of_memory_halves_minibatches_and_redoes_the_step(venv, ppo, rng):
     with pytest.raises(th.OutOfMemoryError, match="one row"):
         run_steps(stuck, samples[:1])
     assert th.equal(setup.flat_params(stuck._reward_net), before)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_redone_step_with_norms_and_dropout_equals_an_uninterrupted_one(
+    algo, venv, ppo, rng
+):
+    """The failed attempts' norm updates and dropout draws leave no trace."""
+    th.manual_seed(0)
+    net = OutOfMemoryAbove(
+        venv.observation_space,
+        venv.action_space,
+        hid_sizes=(16,),
+        normalize_input_layer=networks.RunningNorm,
+        dropout_prob=0.3,
+    )
+    samples = setup.sample_sequence(rng, N_STEPS, BATCH, venv)
+    results = []
+    for limit, minibatch in ((10**9, 2), (6, None)):  # the second backs off to 2
+        net.limit = limit
+        trainer = setup.make_trainer(
+            ALGOS[algo][0],
+            net,
+            venv=venv,
+            gen_algo=ppo,
+            demo_batch_size=BATCH,
+            demo_minibatch_size=minibatch,
+        )
+        th.manual_seed(1)
+        run_steps(trainer, samples)
+        results.append(
+            (
+                setup.flat_params(trainer._reward_net),
+                setup.buffers(trainer._reward_net),
+                th.get_rng_state(),
+            ),
+        )
+    assert trainer._budget_rows == 2
+    (params, buffers, rng_state), (redone_params, redone_buffers, redone_rng) = results
+    assert th.equal(redone_params, params)
+    assert buffers.keys() == redone_buffers.keys() and buffers
+    assert all(th.equal(redone_buffers[k], buffers[k]) for k in buffers)
+    assert th.equal(redone_rng, rng_state)
 
 
 @pytest.mark.parametrize(
