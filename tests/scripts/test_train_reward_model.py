@@ -13,11 +13,16 @@ import seals  # noqa: F401  (registers seals/CartPole-v0)
 import torch as th
 from imitation.algorithms import preference_comparisons as pc
 from imitation.data import rollout
+from imitation.rewards import reward_nets, serialize
 from imitation.util import util
 
 from imitation_accum import checkpoint, distributed
 from imitation_accum.scripts import train_reward_model as script
+from imitation_accum.scripts.train_preference_comparisons import (
+    train_preference_comparisons_ex as preference_ex,
+)
 from tests import reference as ref
+from tests.scripts import helpers
 
 TORCHRUN_TIMEOUT_S = 300
 ex = script.train_reward_model_ex
@@ -301,3 +306,37 @@ def test_torchrun_two_ranks_equal_one_process(tmp_path, preferences_path):
     assert sorted(p.name for p in (tmp_path / "output" / "sacred").rglob("config.json"))
     runs = list((tmp_path / "output" / "sacred" / "train_reward_model").iterdir())
     assert len([r for r in runs if r.name.isdigit()]) == 1
+
+
+def test_trains_on_atari_preferences_saved_by_this_package(tmp_path):
+    """Frames gathered by the preference experiment, retrained offline, reloaded."""
+    gathered = helpers.run(
+        preference_ex,
+        tmp_path / "gather",
+        ["atari_pong", "fast"],
+        {
+            "reward_trainer_kwargs": {"progress_bar": False, "forward_size": 4},
+            "save_preferences": True,
+        },
+    )
+    dataset_path = helpers.log_dir(gathered) / "preferences.pkl"
+    dataset = pc.PreferenceDataset.load(dataset_path)
+    assert dataset.fragments1[0].obs.dtype == np.uint8
+    result = ex.run(
+        named_configs=["atari_pong", "fast"],
+        config_updates={
+            "dataset_path": str(dataset_path),
+            "logging": {"log_dir": str(tmp_path / "offline"), "log_format_strs": []},
+        },
+    )
+    assert result.status == "COMPLETED"
+    assert all(np.isfinite(h["loss"]) for h in result.result["held_out"])
+    net = checkpoint.load_reward_net(result.result["reward_net"])
+    assert any(isinstance(m, reward_nets.CnnRewardNet) for m in net.modules())
+    # imitation's own loader reads it (torch >= 2.6 loads with weights_only).
+    reward_fn = serialize.load_reward(
+        "RewardNet_unnormalized", result.result["reward_net"], None
+    )
+    frames = dataset.fragments1[0].obs[:3]
+    rewards = reward_fn(frames, np.zeros(3, int), frames, np.zeros(3, bool))
+    assert rewards.shape == (3,) and np.isfinite(rewards).all()
