@@ -1,0 +1,53 @@
+"""The README's quickstart job, run as its command line is written there."""
+
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TIMEOUT_S = 900
+
+
+def quickstart_job() -> list:
+    """The experiment part of the README's first command, as an argument list."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- quickstart-command -->", 1)[1].split("```")[1]
+    command = block.strip().splitlines()[-1].split("&&")[-1]
+    args = shlex.split(command)
+    assert args[:2] == ["python", "-m"], command
+    # The same interpreter; the preset found from anywhere.
+    return [
+        sys.executable,
+        *[str(ROOT / a) if a.startswith("configs/") else a for a in args[1:]],
+    ]
+
+
+# 36 s on a quiet 2-core machine, 8 to 13 minutes on a loaded one: run on purpose.
+@pytest.mark.expensive
+def test_quickstart_job_trains_and_reports(tmp_path):
+    done = subprocess.run(
+        quickstart_job(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    # Where the run directory is, at the start and at the end.
+    run_dirs = re.findall(r"Run directory: (\S+)", output)
+    assert len(run_dirs) >= 2, output[-3000:]
+    run_dir = pathlib.Path(tmp_path, run_dirs[-1])
+    assert (run_dir / "checkpoints" / "final" / "reward_net.pt").is_file()
+    # Progress with each step's loss, accuracy, pairs per second and peak memory.
+    assert "Training reward model" in output
+    for field in ("loss=", "acc=", "pairs/s=", "peak="):
+        assert field in output, field
+    # The per-iteration table of the last epoch's figures.
+    for key in ("final/train/loss", "final/train/accuracy", "pairs_per_second"):
+        assert key in output, key
