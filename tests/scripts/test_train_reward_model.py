@@ -302,7 +302,8 @@ def test_torchrun_two_ranks_equal_one_process(tmp_path, preferences_path):
         [expected.state_dict()[k] for k in keys],
     )
     assert error < 1e-6
-    # Only rank 0 wrote: one run directory, one sacred observer directory.
+    # Only rank 0 spoke and wrote: one sacred report, one observer directory.
+    assert (done.stdout + done.stderr).count("Completed after") == 1
     assert sorted(p.name for p in (tmp_path / "output" / "sacred").rglob("config.json"))
     runs = list((tmp_path / "output" / "sacred" / "train_reward_model").iterdir())
     assert len([r for r in runs if r.name.isdigit()]) == 1
