@@ -19,6 +19,13 @@ Usage::
     python experiments/bench_reward_trainer.py            # all configurations
     python experiments/bench_reward_trainer.py --quick    # fewer epochs
     python experiments/bench_reward_trainer.py --memory   # memory against sizes
+    python experiments/bench_reward_trainer.py --same-process
+
+``--same-process`` times this trainer and the bare loop in one process, at the
+same fixed forward sizes, interleaved, and writes
+``results/bench_reward_trainer_same_process.md``: what the trainer adds to the
+loop with the allocator's state and the forward size taken out of the
+comparison.
 
 ``--memory`` trains ``cnn84`` at batch sizes 4 and 8 and minibatch sizes 1, 2
 and 4, with glibc's ``MALLOC_MMAP_THRESHOLD_`` fixed at 128 KiB so that freed
@@ -28,6 +35,7 @@ writes ``results/bench_reward_trainer_memory.md``.
 """
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -270,6 +278,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
     parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--same-process", action="store_true")
     args = parser.parse_args()
     if args.worker:
         result = worker(
@@ -279,6 +288,9 @@ def main() -> None:
         return
     if args.memory:
         memory_table(epochs=2)
+        return
+    if args.same_process:
+        same_process_table(repeats=args.repeats)
         return
     epochs = 2 if args.quick else args.epochs
     repeats = 1 if args.quick else args.repeats
@@ -327,6 +339,52 @@ def write_tables(rows) -> None:
         )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench_reward_trainer.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+# config -> (forward sizes, epochs per timed call)
+SAME_PROCESS = {"mlp": ((800,), 25), "cnn84": ((2, 4, 5, 8), 2)}
+
+
+def same_process_table(repeats: int) -> None:
+    """This trainer against the bare loop in one process, same forward sizes."""
+    from imitation_accum import CrossEntropyRewardTrainer
+
+    lines = [
+        "| config | forward_size | accum s/epoch | floor s/epoch | accum / floor |",
+        "|---|---|---|---|---|",
+    ]
+    for config, (sizes, epochs) in SAME_PROCESS.items():
+        shape, kind, n_pairs, length, batch_size, minibatch_size = CONFIGS[config]
+        th.manual_seed(0)
+        dataset = make_data(shape, n_pairs, length)
+        net = make_net(shape, kind)
+        for size in sizes:
+            trainer = CrossEntropyRewardTrainer(
+                pc.PreferenceModel(net),
+                pc.CrossEntropyRewardLoss(),
+                rng=np.random.default_rng(0),
+                batch_size=batch_size,
+                minibatch_size=minibatch_size,
+                custom_logger=imit_logger.configure(format_strs=[]),
+                progress_bar=False,
+                forward_size=size,
+                two_pass=False,
+            )
+            loop = FloorLoop(net, dataset, batch_size, minibatch_size, size)
+            run_accum = functools.partial(train_epochs, trainer, dataset)
+            accum, floor = [], []
+            for _ in range(repeats):  # interleaved; the fastest of each counts
+                accum.append(time_epochs(run_accum, epochs))
+                floor.append(time_epochs(loop.epochs, epochs))
+            lines.append(
+                f"| {config} | {size} | {min(accum):.4f} | {min(floor):.4f} "
+                f"| {min(accum) / min(floor):.2f}x |",
+            )
+            print(lines[-1], flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / "bench_reward_trainer_same_process.md"
+    path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
