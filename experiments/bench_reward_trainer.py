@@ -142,20 +142,10 @@ def worker(
         )
         seconds = time_epochs(lambda k: train_epochs(trainer, dataset, k), epochs)
     elif impl == "accum":
-        from imitation_accum import CrossEntropyRewardTrainer
-
-        trainer = CrossEntropyRewardTrainer(
-            pc.PreferenceModel(net),
-            pc.CrossEntropyRewardLoss(),
-            rng=np.random.default_rng(0),
-            batch_size=batch_size,
-            minibatch_size=minibatch_size,
-            custom_logger=logger,
-            progress_bar=False,
-            # The memory table pins whole-pair chunks (otherwise the planner may
-            # time two passes, whose RSS then counts too).
-            **({"two_pass": False} if one_pass else {}),
-        )
+        # The memory table pins whole-pair chunks (otherwise the planner may
+        # time two passes, whose RSS then counts too).
+        options = {"two_pass": False} if one_pass else {}
+        trainer = accum_trainer(net, batch_size, minibatch_size, **options)
         seconds = time_epochs(lambda k: train_epochs(trainer, dataset, k), epochs)
         extra["forward_size"] = trainer._task.forward_size
         extra["two_pass"] = bool(trainer._task.two_pass)
@@ -180,6 +170,22 @@ def worker(
         "training_memory_mib": (peak - baseline) / 2**20,
         **extra,
     }
+
+
+def accum_trainer(net, batch_size, minibatch_size, **options):
+    """This package's trainer, quiet, with the given extra ``options``."""
+    from imitation_accum import CrossEntropyRewardTrainer
+
+    return CrossEntropyRewardTrainer(
+        pc.PreferenceModel(net),
+        pc.CrossEntropyRewardLoss(),
+        rng=np.random.default_rng(0),
+        batch_size=batch_size,
+        minibatch_size=minibatch_size,
+        custom_logger=imit_logger.configure(format_strs=[]),
+        progress_bar=False,
+        **options,
+    )
 
 
 def train_epochs(trainer, dataset, epochs):
@@ -348,8 +354,6 @@ SAME_PROCESS = {"mlp": ((800,), 25), "cnn84": ((2, 4, 5, 8), 2)}
 
 def same_process_table(repeats: int) -> None:
     """This trainer against the bare loop in one process, same forward sizes."""
-    from imitation_accum import CrossEntropyRewardTrainer
-
     lines = [
         "| config | forward_size | accum s/epoch | floor s/epoch | accum / floor |",
         "|---|---|---|---|---|",
@@ -360,14 +364,10 @@ def same_process_table(repeats: int) -> None:
         dataset = make_data(shape, n_pairs, length)
         net = make_net(shape, kind)
         for size in sizes:
-            trainer = CrossEntropyRewardTrainer(
-                pc.PreferenceModel(net),
-                pc.CrossEntropyRewardLoss(),
-                rng=np.random.default_rng(0),
-                batch_size=batch_size,
-                minibatch_size=minibatch_size,
-                custom_logger=imit_logger.configure(format_strs=[]),
-                progress_bar=False,
+            trainer = accum_trainer(
+                net,
+                batch_size,
+                minibatch_size,
                 forward_size=size,
                 two_pass=False,
             )

@@ -88,19 +88,24 @@ def test_train_runs_with_accumulation(algo):
     assert norm_counts and all(c > 0 for c in norm_counts)
 
 
+def sgd_run(algo: str, minibatch: Optional[int]):
+    """Two rounds under SGD (AdamW would turn round-off into full steps)."""
+    return classic_control_run(
+        algo,
+        seed=2,
+        rounds=2,
+        demo_minibatch_size=minibatch,
+        disc_opt_cls=th.optim.SGD,
+        disc_opt_kwargs={"lr": 0.05},
+    )
+
+
 @pytest.mark.parametrize("algo", ["AIRL", "GAIL"])
 def test_train_does_not_depend_on_the_minibatch_size(algo):
     """Whole train() runs: the same samples, draws and updates for every split."""
     runs = {}
     for minibatch in (None, 5, 1):
-        trainer = classic_control_run(
-            algo,
-            seed=2,
-            rounds=2,
-            demo_minibatch_size=minibatch,
-            disc_opt_cls=th.optim.SGD,
-            disc_opt_kwargs={"lr": 0.05},
-        )
+        trainer = sgd_run(algo, minibatch)
         initial = trainer.initial_params
         runs[minibatch] = (
             setup.flat_params(trainer._reward_net),
@@ -133,14 +138,7 @@ def test_per_minibatch_norm_updates_fail_the_same_comparison(algo, monkeypatch):
     )
     finals = {}
     for minibatch in (None, 5):
-        trainer = classic_control_run(
-            algo,
-            seed=2,
-            rounds=2,
-            demo_minibatch_size=minibatch,
-            disc_opt_cls=th.optim.SGD,
-            disc_opt_kwargs={"lr": 0.05},
-        )
+        trainer = sgd_run(algo, minibatch)
         finals[minibatch] = setup.flat_params(trainer._reward_net)
     update = th.linalg.vector_norm(finals[None] - trainer.initial_params)
     assert th.linalg.vector_norm(finals[5] - finals[None]) > 1e-3 * update

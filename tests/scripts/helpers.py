@@ -3,6 +3,7 @@
 import csv
 import math
 import pathlib
+import subprocess
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import sacred
@@ -33,6 +34,21 @@ def run(
     )
     assert run.status == "COMPLETED"
     return run
+
+
+def run_command(cwd: pathlib.Path, command: Sequence[str], timeout_s: float) -> str:
+    """Runs ``command`` in ``cwd``; it must succeed. Returns stdout and stderr."""
+    done = subprocess.run(
+        list(command),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    return output
 
 
 def log_dir(run: sacred.run.Run) -> pathlib.Path:

@@ -3,28 +3,19 @@
 import json
 import pathlib
 import re
-import subprocess
 import sys
 
 import pytest
 
+from tests.scripts import helpers
 from tests.scripts.test_train_adversarial import local_demos
 
 TIMEOUT_S = 600
 
 
 def run_command_line(cwd: pathlib.Path, module: str, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", f"imitation_accum.scripts.{module}", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-3000:]
-    return output
+    command = [sys.executable, "-m", f"imitation_accum.scripts.{module}", *args]
+    return helpers.run_command(cwd, command, TIMEOUT_S)
 
 
 def check_records(cwd: pathlib.Path, output: str, experiment: str) -> pathlib.Path:

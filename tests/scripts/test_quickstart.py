@@ -3,10 +3,11 @@
 import pathlib
 import re
 import shlex
-import subprocess
 import sys
 
 import pytest
+
+from tests.scripts import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT_S = 900
@@ -29,16 +30,7 @@ def quickstart_job() -> list:
 # 36 s on a quiet 2-core machine, 8 to 13 minutes on a loaded one: run on purpose.
 @pytest.mark.expensive
 def test_quickstart_job_trains_and_reports(tmp_path):
-    done = subprocess.run(
-        quickstart_job(),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-3000:]
+    output = helpers.run_command(tmp_path, quickstart_job(), TIMEOUT_S)
     # Where the run directory is, at the start and at the end.
     run_dirs = re.findall(r"Run directory: (\S+)", output)
     assert len(run_dirs) >= 2, output[-3000:]
