@@ -122,7 +122,7 @@ def measure(args: Dict[str, Any]) -> Dict[str, Any]:
         seconds_per_step=(time.perf_counter() - start) / args["steps"],
         peak_allocated_gib=allocated,
         peak_reserved_gib=reserved,
-        forward_size=trainer._task.forward_size,
+        forward_size=trainer.last_plan.forward_size,
     )
 
 

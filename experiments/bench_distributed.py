@@ -127,7 +127,7 @@ def worker(args: argparse.Namespace) -> None:
                 "backend": context.backend or "none",
                 "seconds": seconds,
                 "pairs_per_second": args.pairs * args.epochs / seconds,
-                "forward_size": trainer._task.forward_size,
+                "forward_size": trainer.last_plan.forward_size,
             }
             pathlib.Path(args.output).write_text(json.dumps(figures))
 

@@ -55,7 +55,8 @@ from imitation.data.types import TrajectoryWithRew
 from imitation.rewards.reward_nets import CnnRewardNet
 from imitation.util import logger as imit_logger
 
-from imitation_accum import CrossEntropyRewardTrainer, memory, preference_data
+from imitation_accum import CrossEntropyRewardTrainer
+from imitation_accum.preference import pair_table
 
 SHAPE = (210, 160, 3)
 N_ACTIONS = 6
@@ -167,7 +168,7 @@ def run_point(spec: Dict[str, Any]) -> Dict[str, Any]:
     }
     profile = trainer.memory_profile
     if profile is None:  # no budget: probe now, for the estimate
-        profile = trainer._probe(preference_data.read_preferences(dataset))
+        profile = trainer._probe(pair_table.read_preferences(dataset))
     largest = int(figures["chunk_transitions"])
     forward_size = int(figures["forward_size"])
     whole = 2 * batch * spec["length"]
@@ -220,7 +221,7 @@ def points(args: argparse.Namespace) -> List[Dict[str, Any]]:
                 **base,
                 "series": "budget",
                 "label": f"memory_budget={budget}",
-                "budget_bytes": memory.parse_budget(budget),
+                "budget_bytes": budget.parse_budget(budget),
                 "trainer": {"memory_budget": budget},
             }
         )

@@ -147,8 +147,8 @@ def worker(
         options = {"two_pass": False} if one_pass else {}
         trainer = accum_trainer(net, batch_size, minibatch_size, **options)
         seconds = time_epochs(lambda k: train_epochs(trainer, dataset, k), epochs)
-        extra["forward_size"] = trainer._task.forward_size
-        extra["two_pass"] = bool(trainer._task.two_pass)
+        extra["forward_size"] = trainer.last_plan.forward_size
+        extra["two_pass"] = trainer.last_plan.two_pass
     elif impl == "floor":
         best = None
         for fs in floor_forward_sizes(kind, minibatch_size * 2 * length):

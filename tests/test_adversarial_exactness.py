@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 import imitation_accum
+from imitation_accum.nets import input_preparation
 from tests import adversarial_setup as setup
 
 TOL = 1e-4  # relative; float32 round-off gives ~1e-6
@@ -556,7 +557,7 @@ class ReadsEverything(BasicRewardNet):
 
 def test_next_state_is_skipped_only_where_imitation_ignores_it(venv):
     space, acts = venv.observation_space, venv.action_space
-    reads = imitation_accum.net_inputs.reads_next_state
+    reads = input_preparation.reads_next_state
     assert not reads(BasicRewardNet(space, acts))
     assert not reads(
         NormalizedRewardNet(BasicRewardNet(space, acts), networks.RunningNorm)

@@ -20,8 +20,8 @@ from imitation.util import networks
 from torch.nn import functional as F  # noqa: N812
 
 import imitation_accum
-from imitation_accum import accumulation
-from imitation_accum.reward_nets import CnnShapedRewardNet
+from imitation_accum.engine import accumulator
+from imitation_accum.nets.shaped import CnnShapedRewardNet
 from tests import adversarial_setup as setup
 
 N_STEPS = 32  # PPO steps per round (= gen_train_timesteps with one env)
@@ -132,9 +132,9 @@ def test_train_does_not_depend_on_the_minibatch_size(algo):
 def test_per_minibatch_norm_updates_fail_the_same_comparison(algo, monkeypatch):
     # Naive: no statistics pre-pass, so each minibatch updates RunningNorm itself.
     monkeypatch.setattr(
-        accumulation.GradientAccumulator,
+        accumulator.GradientAccumulator,
         "_gather_norm_statistics",
-        lambda self, task, chunks: None,
+        lambda self, task, chunks, forward_size: None,
     )
     finals = {}
     for minibatch in (None, 5):

@@ -8,7 +8,7 @@ from imitation.util import util
 from stable_baselines3 import PPO
 from stable_baselines3.common.vec_env import VecTransposeImage
 
-from imitation_accum import atari
+from imitation_accum.envs import atari
 
 PONG = atari.env_id("Pong")
 PONG_UNMASKED = atari.env_id("Pong", masked=False)

@@ -15,7 +15,8 @@ from imitation.rewards import reward_nets
 from imitation.util import networks
 
 from imitation_accum import CrossEntropyRewardTrainer, checkpoint
-from imitation_accum.reward_nets import CnnShapedRewardNet
+from imitation_accum.io import atomic
+from imitation_accum.nets.shaped import CnnShapedRewardNet
 from tests import reference as ref
 
 
@@ -68,7 +69,7 @@ def test_failed_write_leaves_the_old_file_and_no_partial_one(tmp_path, monkeypat
         file.write(b"PK\x03\x04 half a checkpoint")
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint.th, "save", half_write)
+    monkeypatch.setattr(atomic.th, "save", half_write)
     with pytest.raises(OSError, match="disk full"):
         checkpoint.atomic_save({"epoch": 2}, path)
     monkeypatch.undo()
@@ -84,11 +85,12 @@ def test_write_killed_midway_leaves_the_old_file(tmp_path):
         f"""
         import os, signal, torch
         from imitation_accum import checkpoint
+        from imitation_accum.io import atomic
         def killed_midway(obj, file):
             file.write(b"PK partial")
             file.flush()
             os.kill(os.getpid(), signal.SIGKILL)
-        checkpoint.th.save = killed_midway
+        atomic.th.save = killed_midway
         checkpoint.atomic_save({{"epoch": 2}}, {str(path)!r})
         """,
     )

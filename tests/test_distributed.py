@@ -31,12 +31,8 @@ from imitation.regularization import regularizers, updaters
 from imitation.rewards import reward_nets
 from imitation.util import networks
 
-from imitation_accum import (
-    CrossEntropyRewardTrainer,
-    distributed,
-    planning,
-    preference_data,
-)
+from imitation_accum import CrossEntropyRewardTrainer, distributed, planning
+from imitation_accum.preference import pair_table
 from tests import reference as ref
 
 WORLD_SIZE = 2
@@ -97,7 +93,7 @@ def budget_run(chunk_transitions: int) -> Dict[str, Any]:
         **kwargs,
     )
     probe._task.refresh_device()
-    profile = probe._probe(preference_data.read_preferences(make_dataset()))
+    profile = probe._probe(pair_table.read_preferences(make_dataset()))
     budget = int(profile.chunk_bytes(chunk_transitions, chunk_transitions))
     return dict(kwargs, memory_budget=budget)
 
@@ -178,7 +174,7 @@ def watch_steps(trainer: distributed.DistributedRewardTrainer) -> List[Dict[str,
             {
                 "reductions": reductions[0] - before,
                 "chunks": len(chunks),
-                "two_pass": bool(getattr(task, "two_pass", False)),
+                "two_pass": kwargs["plan"].two_pass,
                 "state": flat_state(trainer._preference_model.model),
                 "loss": result.loss,
                 "accuracy": result.metrics["accuracy"],
@@ -246,29 +242,29 @@ def trainer_with(engine_cls: type) -> type:
 def scenario_auto_forward_size(rank: int) -> Dict[str, Any]:
     """Each rank's tuner would choose differently; every rank uses rank 0's."""
     tuner_calls = [0]
-    original = planning.tuned_forward_size
+    original = planning.ForwardSizeTuner.tune
 
-    def rank_dependent(key, max_size, time_call, tuner=None):
+    def rank_dependent(self, time_per_transition, max_size):
         tuner_calls[0] += 1
         return min(2 if rank == 0 else 5, max_size)
 
     used: List[int] = []
-    planning.tuned_forward_size = rank_dependent
+    planning.ForwardSizeTuner.tune = rank_dependent
     try:
 
         def before(trainer):
             call = trainer._task.call
 
-            def recording_call(layout, start, stop):
+            def recording_call(layout, start, stop, module=None):
                 used.append(stop - start)
-                return call(layout, start, stop)
+                return call(layout, start, stop, module)
 
             trainer._task.call = recording_call
 
         kwargs = dict(RUNNING_NORM_RUN, forward_size="auto", epochs=1)
         train(distributed.DistributedRewardTrainer, make_net(), kwargs, before=before)
     finally:
-        planning.tuned_forward_size = original
+        planning.ForwardSizeTuner.tune = original
     return {"tuner_calls": tuner_calls[0], "max_call": max(used)}
 
 

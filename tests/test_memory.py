@@ -1,12 +1,17 @@
 """memory_budget: parsing, the saved-bytes probe, chunk sizing, the planner."""
 
+import contextlib
 import copy
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch as th
 
-from imitation_accum import memory, planning, preference_data
+from imitation_accum import planning
+from imitation_accum.planning import budget, probe
+from imitation_accum.planning import planner as planner_module
+from imitation_accum.preference import pair_table
 from tests import reference as ref
 from tests.test_preference_exactness import TOL, make_net, make_trainer
 
@@ -29,7 +34,7 @@ from tests.test_preference_exactness import TOL, make_net, make_trainer
     ],
 )
 def test_budgets_parse(value, expected):
-    assert memory.parse_budget(value) == expected
+    assert budget.parse_budget(value) == expected
 
 
 @pytest.mark.parametrize(
@@ -37,7 +42,7 @@ def test_budgets_parse(value, expected):
 )
 def test_bad_budgets_are_rejected_by_name(value):
     with pytest.raises(ValueError, match="memory_budget"):
-        memory.parse_budget(value)
+        budget.parse_budget(value)
 
 
 def test_budget_and_minibatch_size_are_alternatives():
@@ -55,7 +60,7 @@ def test_budget_below_one_transition_fails_before_training(rng):
     dataset = ref.make_dataset(rng, 4, (5,))
     net = make_net()
     initial = copy.deepcopy(net)
-    needed = memory.training_state_bytes(th.optim.AdamW(net.parameters()))
+    needed = budget.training_state_bytes(th.optim.AdamW(net.parameters()))
     trainer = make_trainer(net, batch_size=4, memory_budget=needed + 1024)
     with pytest.raises(ValueError, match=r"memory_budget.*too small"):
         trainer.train(dataset)
@@ -65,19 +70,19 @@ def test_budget_below_one_transition_fails_before_training(rng):
 def test_training_state_counts_parameters_gradients_and_adam_moments():
     net = th.nn.Linear(10, 10)  # 110 float32 parameters
     optimizer = th.optim.AdamW(net.parameters())
-    assert memory.training_state_bytes(optimizer) == 4 * 110 * 4
+    assert budget.training_state_bytes(optimizer) == 4 * 110 * 4
     sgd = th.optim.SGD(net.parameters(), lr=0.1)
-    assert memory.training_state_bytes(sgd) == 3 * 110 * 4
+    assert budget.training_state_bytes(sgd) == 3 * 110 * 4
 
 
 def test_auto_takes_a_share_of_available_host_memory(monkeypatch):
-    monkeypatch.setattr(memory, "_meminfo_available", lambda: 10 * 2**30)
-    monkeypatch.setattr(memory, "_cgroup_available", lambda: None)
-    budget = memory.resolve_budget("auto", th.device("cpu"), resident_bytes=1000)
-    assert budget == int(memory.AUTO_FRACTION["cpu"] * 10 * 2**30) + 1000
-    monkeypatch.setattr(memory, "_cgroup_available", lambda: 2**30)  # a container
-    budget = memory.resolve_budget("auto", th.device("cpu"), resident_bytes=0)
-    assert budget == int(memory.AUTO_FRACTION["cpu"] * 2**30)
+    monkeypatch.setattr(budget, "_meminfo_available", lambda: 10 * 2**30)
+    monkeypatch.setattr(budget, "_cgroup_available", lambda: None)
+    resolved = budget.resolve_budget("auto", th.device("cpu"), resident_bytes=1000)
+    assert resolved == int(budget.AUTO_FRACTION["cpu"] * 10 * 2**30) + 1000
+    monkeypatch.setattr(budget, "_cgroup_available", lambda: 2**30)  # a container
+    resolved = budget.resolve_budget("auto", th.device("cpu"), resident_bytes=0)
+    assert resolved == int(budget.AUTO_FRACTION["cpu"] * 2**30)
 
 
 def test_auto_budget_trains(rng):
@@ -101,7 +106,7 @@ def test_probe_counts_the_bytes_autograd_saves():
         return th.relu(th.randn(n, 8) @ weight).sum(1)
 
     for n in (1, 3, 10):
-        saved = memory.measure_saved_bytes(run, n, [weight], th.device("cpu"))
+        saved = probe.measure_saved_bytes(run, n, [weight], th.device("cpu"))
         assert saved.saved == 4 * (8 + 16) * n
         assert saved.largest == 4 * 16 * n
     assert weight.grad is None  # the probe's backward leaves .grad alone
@@ -113,7 +118,7 @@ def test_profile_extrapolates_linearly_and_conservatively():
     def run(n):
         return th.relu(th.randn(n, 8) @ weight).sum(1)
 
-    profile = memory.profile_activations(
+    profile = probe.profile_activations(
         run,
         max_transitions=10,
         params=[weight],
@@ -124,7 +129,7 @@ def test_profile_extrapolates_linearly_and_conservatively():
     assert profile.saved_per_transition == 96
     assert profile.saved_per_call == 0
     assert profile.transient_per_transition == 2 * 64 + 32
-    factor, reserve = memory.ALLOCATOR_FACTOR["cpu"], memory.RESERVE_BYTES["cpu"]
+    factor, reserve = probe.ALLOCATOR_FACTOR["cpu"], probe.RESERVE_BYTES["cpu"]
     assert profile.chunk_bytes(100, 10) == 1000 + reserve + factor * (
         100 * 96 + 10 * 160
     )
@@ -142,7 +147,7 @@ def budget_for(net, dataset, n_transitions, **kwargs):
     """The budget in which chunks of exactly ``n_transitions`` fit."""
     probe_trainer = make_trainer(copy.deepcopy(net), batch_size=len(dataset), **kwargs)
     probe_trainer._task.refresh_device()
-    table = preference_data.read_preferences(dataset)
+    table = pair_table.read_preferences(dataset)
     profile = probe_trainer._probe(table)
     return int(profile.chunk_bytes(n_transitions, n_transitions))
 
@@ -166,7 +171,7 @@ def test_budget_sizes_chunks_in_transitions_and_stays_exact(
         optimizer_cls=th.optim.SGD,
     )
     trainer.train(dataset)
-    assert trainer.planner.max_transitions == cap
+    assert trainer.planner.chunk_cap == cap
     logged = trainer.logger.name_to_value
     assert logged["reward/final/train/two_pass"] == two_pass
     assert logged["reward/final/train/chunk_transitions"] <= cap
@@ -204,69 +209,81 @@ def test_pair_chunks_respect_both_limits_and_cover_in_order(max_items, max_trans
         assert not over or s.stop - s.start == 1  # only a lone, too-large item
 
 
+class FakeWorkload:
+    """Calls the planner may time, with a forward size tuned beforehand."""
+
+    key = "net"
+    device = th.device("cpu")
+    params = ()
+
+    def sample(self, n_transitions):
+        return (lambda start, stop: th.zeros(stop - start)), n_transitions
+
+    def measuring(self, checkpointing=True):
+        return contextlib.nullcontext()
+
+
 def plan(planner, lengths, *, tuned=4, timings=None):
+    """Plans ``lengths`` with ``tuned`` as the tuned forward size; records timings."""
+    planner.forward_sizes.found[FakeWorkload.key] = (tuned, False)
     calls = []
 
-    def time_passes(items, size):
-        calls.append((items, size))
+    def time_passes(call, n_transitions, size, params, device):
+        assert timings is not None, "the planner timed passes where it should not"
+        calls.append((n_transitions, size))
         return timings
 
-    result = planner.plan(
-        np.asarray(lengths),
-        tune_forward_size=lambda max_size: min(tuned, max_size),
-        time_passes=time_passes if timings else None,
-    )
+    with mock.patch.object(planner_module, "time_passes", time_passes):
+        result = planner.plan(np.asarray(lengths), FakeWorkload())
     return result, calls
 
 
 def test_planner_goes_two_pass_when_a_pair_exceeds_the_cap():
-    planner = planning.ChunkPlanner(minibatch_size=None, forward_size="auto")
-    planner.max_transitions = 7
+    planner = planning.Planner(minibatch_size=None, forward_size="auto")
+    planner.budget_cap = 7
     result, _ = plan(planner, [10, 10], tuned=16)
     assert result.two_pass and result.forward_size == 7
     assert "memory" in result.reason
-    pinned = planning.ChunkPlanner(
-        minibatch_size=None, forward_size="auto", two_pass=False
-    )
-    pinned.max_transitions = 7
+    pinned = planning.Planner(minibatch_size=None, forward_size="auto", two_pass=False)
+    pinned.budget_cap = 7
     with pytest.raises(ValueError, match="two_pass=False"):
         plan(pinned, [10, 10])
 
 
 @pytest.mark.parametrize("one, two, expected", [(3.0, 1.0, True), (1.0, 3.0, False)])
 def test_planner_times_one_and_two_passes_and_takes_the_faster(one, two, expected):
-    planner = planning.ChunkPlanner(minibatch_size=2, forward_size="auto")
+    planner = planning.Planner(minibatch_size=2, forward_size="auto")
     result, calls = plan(planner, [10, 10, 10], tuned=4, timings=(one, two))
     assert result.two_pass is expected
-    assert calls == [(slice(0, 2), 4)]  # the first one-pass chunk, tuned calls
+    assert calls == [(20, 4)]  # the first one-pass chunk, tuned calls
     again, calls_again = plan(planner, [10, 10, 10], tuned=4, timings=(one, two))
     assert again.two_pass is expected and not calls_again  # decided once
 
 
 def test_planner_does_not_time_whole_chunk_calls_or_pinned_sizes():
-    planner = planning.ChunkPlanner(minibatch_size=2, forward_size="auto")
+    planner = planning.Planner(minibatch_size=2, forward_size="auto")
     result, calls = plan(planner, [10, 10], tuned=100, timings=(3.0, 1.0))
     assert not result.two_pass and not calls  # calls span whole chunks
-    fixed = planning.ChunkPlanner(minibatch_size=2, forward_size=4)
+    fixed = planning.Planner(minibatch_size=2, forward_size=4)
     result, calls = plan(fixed, [10, 10], tuned=4, timings=(3.0, 1.0))
     assert not result.two_pass and not calls  # reproducible: no timing
-    pinned = planning.ChunkPlanner(minibatch_size=2, forward_size=4, two_pass=True)
+    pinned = planning.Planner(minibatch_size=2, forward_size=4, two_pass=True)
     result, _ = plan(pinned, [10, 10], tuned=4)
     assert result.two_pass and result.forward_size == 4
 
 
 def test_back_off_halves_the_largest_chunk_and_stops_at_one_transition():
-    planner = planning.ChunkPlanner(minibatch_size=None, forward_size=8)
+    planner = planning.Planner(minibatch_size=None, forward_size=8)
     lengths = np.array([5, 6, 7])
     result, _ = plan(planner, lengths, tuned=8)
     error = th.OutOfMemoryError("simulated")
-    assert planner.back_off(result, lengths, error) == 9
+    assert planner.back_off(result, error) == 9
     result, _ = plan(planner, lengths, tuned=8)
     assert [s.stop - s.start for s in result.item_chunks] == [1, 1, 1]
-    assert planner.back_off(result, lengths, error) == 3
+    assert planner.back_off(result, error) == 3
     result, _ = plan(planner, lengths, tuned=8)
     assert result.two_pass and result.forward_size == 3
-    assert planner.back_off(result, lengths, error) == 1
+    assert planner.back_off(result, error) == 1
     result, _ = plan(planner, lengths, tuned=8)
     with pytest.raises(th.OutOfMemoryError, match="one transition"):
-        planner.back_off(result, lengths, error)
+        planner.back_off(result, error)

@@ -9,7 +9,7 @@ import torch as th
 from imitation.rewards.reward_nets import BasicRewardNet
 from imitation.util import networks
 
-from imitation_accum import memory
+from imitation_accum.planning import budget, probe
 from tests import adversarial_setup as setup
 from tests.test_adversarial_exactness import (
     ALGOS,
@@ -35,16 +35,16 @@ def ppo(venv):
 def budget_of_rows(monkeypatch):
     """Makes ``memory_budget="auto"`` hold exactly the given number of rows."""
     captured = {}
-    probe = memory.profile_activations
+    original = probe.profile_activations
 
     def capturing(*args, **kwargs):
-        captured["profile"] = probe(*args, **kwargs)
+        captured["profile"] = original(*args, **kwargs)
         return captured["profile"]
 
     def set_rows(rows):
-        monkeypatch.setattr(memory, "profile_activations", capturing)
+        monkeypatch.setattr(probe, "profile_activations", capturing)
         monkeypatch.setattr(
-            memory,
+            budget,
             "resolve_budget",
             lambda budget, device, resident: int(
                 captured["profile"].chunk_bytes(rows, rows)
@@ -73,7 +73,8 @@ def test_budget_sizes_minibatches_and_stays_exact(algo, venv, ppo, rng, budget_o
     )
     run_steps(reference, samples)
     run_steps(ours, samples)
-    assert [s.stop - s.start for s in ours._plan_disc_chunks()] == [4, 4, 2]
+    rows = ours.planner.plan(np.ones(BATCH, dtype=np.int64)).item_chunks
+    assert [s.stop - s.start for s in rows] == [4, 4, 2]
     assert setup.update_error(net, ours._reward_net, reference._reward_net) < TOL
     assert setup.norm_buffers_close(ours._reward_net, reference._reward_net)
 
@@ -103,7 +104,7 @@ def test_out_of_memory_halves_minibatches_and_redoes_the_step(venv, ppo, rng):
     )
     run_steps(uninterrupted, samples)
     run_steps(ours, samples)
-    assert ours._budget_rows == 2  # 10 rows, then 5, then 2
+    assert ours.planner.chunk_cap == 2  # 10 rows, then 5, then 2
     assert setup.update_error(net, ours._reward_net, uninterrupted._reward_net) < TOL
     net.limit = 0
     stuck = setup.make_trainer(
@@ -149,7 +150,7 @@ def test_redone_step_with_norms_and_dropout_equals_an_uninterrupted_one(
                 th.get_rng_state(),
             ),
         )
-    assert trainer._budget_rows == 2
+    assert trainer.planner.chunk_cap == 2
     (params, buffers, rng_state), (redone_params, redone_buffers, redone_rng) = results
     assert th.equal(redone_params, params)
     assert buffers.keys() == redone_buffers.keys() and buffers
@@ -181,7 +182,7 @@ def test_bad_budgets_are_rejected_at_construction(venv, ppo, kwargs, match):
 
 def test_budget_below_one_row_fails_before_the_first_update(venv, ppo, rng):
     net = make_net("GAIL", venv)
-    needed = memory.training_state_bytes(th.optim.SGD(net.parameters(), lr=0.1))
+    needed = budget.training_state_bytes(th.optim.SGD(net.parameters(), lr=0.1))
     trainer = setup.make_trainer(
         ALGOS["GAIL"][0],
         net,

@@ -9,7 +9,8 @@ import pytest
 import torch as th
 from imitation.rewards.reward_nets import CnnRewardNet
 
-from imitation_accum import memory
+from imitation_accum.engine import checkpointing
+from imitation_accum.planning import probe
 from tests import reference as ref
 from tests.test_preference_exactness import TOL, make_net, make_trainer
 
@@ -61,12 +62,12 @@ def test_recomputation_draws_the_forwards_dropout_masks(rng, monkeypatch):
     )
     assert ref.relative_error(checkpointed, plain) < TOL
     # Recomputing without replaying the RNG draws other masks.
-    original = memory.torch_checkpoint.checkpoint
+    original = checkpointing.torch_checkpoint.checkpoint
 
     def without_rng(function, *args, **kwargs):
         return original(function, *args, preserve_rng_state=False, **kwargs)
 
-    monkeypatch.setattr(memory.torch_checkpoint, "checkpoint", without_rng)
+    monkeypatch.setattr(checkpointing.torch_checkpoint, "checkpoint", without_rng)
     th.manual_seed(7)
     naive = one_step(
         copy.deepcopy(net), dataset, minibatch_size=2, activation_checkpointing=True
@@ -85,9 +86,9 @@ def test_checkpointing_keeps_only_the_stack_inputs():
 
     params = list(net.parameters())
     cpu = th.device("cpu")
-    plain = memory.measure_saved_bytes(run, 6, params, cpu)
-    with memory.checkpointing(memory.checkpointable_cnns(net)):
-        kept = memory.measure_saved_bytes(run, 6, params, cpu)
+    plain = probe.measure_saved_bytes(run, 6, params, cpu)
+    with checkpointing.checkpointing(checkpointing.checkpointable_cnns(net)):
+        kept = probe.measure_saved_bytes(run, 6, params, cpu)
     # The two ReLU outputs of 4 channels and the pooled features the final layer
     # reads are no longer kept; the stack's input (and what the net saves outside
     # the stack) stays.

@@ -13,7 +13,7 @@ import torch as th
 from imitation.rewards.reward_nets import BasicRewardNet
 from imitation.util import networks
 
-from imitation_accum import normalization
+from imitation_accum.engine import norm_replay
 from tests import reference as ref
 from tests.test_preference_exactness import TOL, make_trainer
 
@@ -80,7 +80,7 @@ def test_redone_steps_equal_uninterrupted_ones(rng):
     trainer = train_sgd(net, dataset, forward_size=100)
     rng_after = th.get_rng_state()
     assert net.raised == 4
-    assert trainer.planner.max_transitions == 2
+    assert trainer.planner.chunk_cap == 2
     logged = trainer.logger.name_to_value
     assert logged["reward/final/train/two_pass"] == 1.0
     assert logged["reward/final/train/chunk_transitions"] == 2
@@ -100,7 +100,7 @@ def test_redoing_without_restoring_norm_buffers_fails(rng, monkeypatch):
     unlimited = copy.deepcopy(net)
     unlimited.limit = 10**9
     train_sgd(unlimited, dataset, two_pass=True, forward_size=2)
-    monkeypatch.setattr(normalization.NormReplay, "restore", lambda self, snap: None)
+    monkeypatch.setattr(norm_replay.NormReplay, "restore", lambda self, snap: None)
     train_sgd(net, dataset, forward_size=100)
     # The first attempt's self-update of the norm layer stays: other statistics.
     counts = dict(net.named_buffers()), dict(unlimited.named_buffers())

@@ -11,7 +11,7 @@ import pytest
 import torch as th
 from imitation.rewards.reward_nets import BasicRewardNet
 
-from imitation_accum import precision
+from imitation_accum.engine import precision
 from tests import reference as ref
 from tests.test_preference_exactness import TOL, make_trainer
 

@@ -19,8 +19,9 @@ from imitation.scripts.train_preference_comparisons import (
 )
 
 import imitation_accum
-from imitation_accum import adversarial, demonstrations
-from imitation_accum.patch import is_patched
+from imitation_accum.adversarial import trainers as adversarial
+from imitation_accum.integrations import demonstrations
+from imitation_accum.integrations.patching import is_patched
 
 TARGETS = [
     (pc, "_make_reward_trainer", imitation_accum.make_reward_trainer),

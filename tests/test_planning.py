@@ -50,17 +50,31 @@ def test_cache_bound_calls_stop_past_the_optimum():
 
 def test_tuned_sizes_are_cached_per_key():
     timings = Timings(per_call=1e-3, per_transition=1e-3, cache_size=4)
+    sizes = planning.ForwardSizes()
     key = ("test-cache-bound", id(timings))
-    assert planning.tuned_forward_size(key, 100, timings) == 4
+    assert sizes.size(key, 100, timings) == 4
     calls = len(timings.sizes)
-    assert planning.tuned_forward_size(key, 50, timings) == 4
-    assert planning.tuned_forward_size(key, 3, timings) == 3
+    assert sizes.size(key, 50, timings) == 4
+    assert sizes.size(key, 3, timings) == 3
     assert len(timings.sizes) == calls
     flat = Timings(per_call=1e-3, per_transition=1e-7)
     key = ("test-overhead-bound", id(flat))
-    assert planning.tuned_forward_size(key, 64, flat) == 64
+    assert sizes.size(key, 64, flat) == 64
     # a search that ended at its limit says: the larger the better
-    assert planning.tuned_forward_size(key, 500, flat) == 500
+    assert sizes.size(key, 500, flat) == 500
+
+
+def test_each_planner_owns_its_tuned_sizes():
+    timings = Timings(per_call=1e-3, per_transition=1e-3, cache_size=4)
+    key = ("test-owned", id(timings))
+    first, second = (
+        planning.Planner(minibatch_size=None),
+        planning.Planner(minibatch_size=None),
+    )
+    first.forward_sizes.size(key, 100, timings)
+    calls = len(timings.sizes)
+    second.forward_sizes.size(key, 100, timings)
+    assert len(timings.sizes) == 2 * calls  # no process-wide cache
 
 
 def test_auto_forward_size_is_chosen_and_logged(rng):

@@ -19,8 +19,8 @@ from imitation_accum import (
     CrossEntropyRewardTrainer,
     EnsembleTrainer,
     make_reward_trainer,
-    preference,
 )
+from imitation_accum.preference import trainer as preference_trainer
 from tests import reference as ref
 from tests.test_preference_exactness import make_net, make_trainer
 
@@ -152,7 +152,7 @@ class RecordingBar:
 
 
 def test_progress_bar_advances_once_per_step(rng, monkeypatch):
-    monkeypatch.setattr(preference, "tqdm", RecordingBar)
+    monkeypatch.setattr(preference_trainer, "tqdm", RecordingBar)
     RecordingBar.bars = []
     dataset = ref.make_dataset(rng, 10, (4,))
     trainer = make_trainer(

@@ -16,7 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from imitation.util import networks
 
-from imitation_accum import accumulation, fragments, preference_task
+from imitation_accum.engine import accumulator
+from imitation_accum.engine import rng as engine_rng
+from imitation_accum.preference import fragments, pair_task
 from tests import reference as ref
 from tests.test_preference_exactness import TOL, make_net, make_trainer
 
@@ -112,9 +114,7 @@ def test_discount_counted_from_the_chunk_start_fails(rng, monkeypatch):
         weighted = outputs * 0.8**positions
         return chunk.batch.layout.range_sums(weighted, chunk.start, chunk.stop)
 
-    monkeypatch.setattr(
-        preference_task.PreferenceTask, "partial_sums", chunk_local_discounts
-    )
+    monkeypatch.setattr(pair_task.PreferenceTask, "partial_sums", chunk_local_discounts)
     naive, _ = two_pass_grads(net, dataset, chunk=3, discount=0.8)
     assert ref.relative_error(naive, expected) > 100 * TOL
 
@@ -183,7 +183,7 @@ def test_pass_two_without_rewinding_the_rng_fails(rng, monkeypatch):
         initial, lambda: calls_reference_loss(initial, pairs, prefs, 4)
     )
     # Pass 2 starts where pass 1 left the RNG: other dropout masks.
-    monkeypatch.setattr(accumulation._RngState, "restore", lambda self: None)
+    monkeypatch.setattr(engine_rng.RngState, "restore", lambda self: None)
     th.manual_seed(123)
     naive, _ = two_pass_grads(net, dataset, chunk=4)
     assert ref.relative_error(naive, expected) > 100 * TOL
@@ -216,9 +216,9 @@ def test_passes_updating_norms_themselves_fail(rng, monkeypatch):
     )
     # No pre-pass: every call of both passes updates the statistics itself.
     monkeypatch.setattr(
-        accumulation.GradientAccumulator,
+        accumulator.GradientAccumulator,
         "_gather_norm_statistics",
-        lambda self, task, chunks: None,
+        lambda self, task, chunks, forward_size: None,
     )
     naive, _ = two_pass_grads(net, dataset, chunk=3)
     assert ref.relative_error(naive, expected) > 100 * TOL

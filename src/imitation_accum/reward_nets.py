@@ -1,75 +1,9 @@
-"""Reward nets imitation has the parts for but does not assemble."""
+"""``imitation_accum.reward_nets``: kept at this path for saved reward nets.
 
-from typing import Any, Sequence
+Nets pickled by earlier versions name their class here; the code lives in
+:mod:`imitation_accum.nets.shaped`.
+"""
 
-import gymnasium as gym
-from imitation.rewards import reward_nets
+from imitation_accum.nets.shaped import CnnShapedRewardNet
 
-
-class CnnShapedRewardNet(reward_nets.ShapedRewardNet):
-    """A potential-shaped CNN reward net, for AIRL on image observations.
-
-    imitation's ``CnnRewardNet`` as the base reward and its ``BasicPotentialCNN`` as
-    the potential, inside imitation's ``ShapedRewardNet``: the CNN counterpart of
-    ``BasicShapedRewardNet``. Both halves read frames in the same layout
-    (``hwc_format``), the environment's own (height, width, channels) by default.
-
-    Args:
-        observation_space: The (image) observation space.
-        action_space: The action space (``Discrete`` if ``use_action``).
-        reward_hid_channels: Channels of the base CNN's hidden layers.
-        potential_hid_channels: Channels of the potential CNN's hidden layers.
-        use_state: Whether the base reward reads the current frame.
-        use_action: Whether the base reward reads the action.
-        use_next_state: Whether the base reward reads the next frame.
-        use_done: Whether the base reward reads the done flag.
-        hwc_format: Whether frames are (height, width, channels); if ``False``
-            they are (channels, height, width).
-        discount_factor: Discount factor of the potential shaping.
-        **kwargs: Passed to imitation's ``build_cnn`` for both CNNs (for example
-            ``kernel_size``, ``stride``, ``dropout_prob``).
-
-    Raises:
-        ValueError: if the observations are not images, or ``use_action`` is set
-            with a non-``Discrete`` action space.
-
-    Example:
-        >>> net = CnnShapedRewardNet(  # doctest: +SKIP
-        ...     venv.observation_space, venv.action_space, discount_factor=0.99
-        ... )
-        >>> airl = imitation_accum.AIRL(..., reward_net=net)  # doctest: +SKIP
-    """
-
-    def __init__(
-        self,
-        observation_space: gym.Space,
-        action_space: gym.Space,
-        *,
-        reward_hid_channels: Sequence[int] = (32, 32),
-        potential_hid_channels: Sequence[int] = (32, 32),
-        use_state: bool = True,
-        use_action: bool = True,
-        use_next_state: bool = False,
-        use_done: bool = False,
-        hwc_format: bool = True,
-        discount_factor: float = 0.99,
-        **kwargs: Any,
-    ) -> None:
-        base = reward_nets.CnnRewardNet(
-            observation_space,
-            action_space,
-            use_state=use_state,
-            use_action=use_action,
-            use_next_state=use_next_state,
-            use_done=use_done,
-            hwc_format=hwc_format,
-            hid_channels=tuple(reward_hid_channels),
-            **kwargs,
-        )
-        potential = reward_nets.BasicPotentialCNN(
-            observation_space,
-            hid_sizes=tuple(potential_hid_channels),
-            hwc_format=hwc_format,
-            **kwargs,
-        )
-        super().__init__(base, potential, discount_factor=discount_factor)
+__all__ = ["CnnShapedRewardNet"]

@@ -4,7 +4,7 @@ import numpy as np
 from imitation.data import serialize
 
 import imitation_accum
-from imitation_accum import demonstrations
+from imitation_accum.integrations import demonstrations
 
 
 def test_make_and_load_keeps_uint8_frames(tmp_path, capsys):

@@ -5,8 +5,10 @@ import json
 import pytest
 from imitation.rewards import reward_nets
 
-from imitation_accum import adversarial, checkpoint, demonstrations
-from imitation_accum.reward_nets import CnnShapedRewardNet
+from imitation_accum import checkpoint
+from imitation_accum.adversarial import trainers as adversarial
+from imitation_accum.integrations import demonstrations
+from imitation_accum.nets.shaped import CnnShapedRewardNet
 from imitation_accum.scripts import atari_configs
 from imitation_accum.scripts.train_adversarial import train_adversarial_ex as ex
 from tests.scripts import helpers

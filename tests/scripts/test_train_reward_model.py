@@ -17,6 +17,7 @@ from imitation.rewards import reward_nets, serialize
 from imitation.util import util
 
 from imitation_accum import checkpoint, distributed
+from imitation_accum.distributed import process_group
 from imitation_accum.scripts import train_reward_model as script
 from imitation_accum.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex as preference_ex,
@@ -153,7 +154,7 @@ def test_batch_smaller_than_the_processes_is_named(
 ):
     """Checked before any collective, so four pretended ranks suffice."""
     monkeypatch.setattr(
-        distributed,
+        process_group,
         "init_distributed",
         lambda device, backend=None: distributed.DistributedContext(world_size=4),
     )

@@ -23,7 +23,7 @@ from imitation.rewards import reward_nets
 from imitation.util import networks
 from stable_baselines3.common import policies
 
-from imitation_accum import atari
+from imitation_accum.envs import atari
 
 # Named config -> game (ALE name). Each has a known score region to mask.
 GAMES = {
@@ -120,7 +120,7 @@ def adversarial_reward() -> Dict[str, Any]:
     Returns:
         The ``reward`` ingredient config.
     """
-    from imitation_accum.reward_nets import CnnShapedRewardNet
+    from imitation_accum.nets.shaped import CnnShapedRewardNet
 
     return dict(
         net_kwargs=dict(normalize_input_layer=None),  # CNN nets take none

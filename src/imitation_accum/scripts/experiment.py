@@ -16,7 +16,7 @@ import sacred
 from sacred.config import save_config_file
 from sacred.observers import FileStorageObserver
 
-from imitation_accum.patch import patched
+from imitation_accum.integrations.patching import patched
 
 
 class PatchedExperiment(sacred.Experiment):

@@ -20,8 +20,9 @@ import gymnasium as gym
 import sacred
 from imitation.rewards import reward_nets
 
-from imitation_accum import _validation, atari
-from imitation_accum import reward_nets as accum_reward_nets
+from imitation_accum import _validation
+from imitation_accum.envs import atari
+from imitation_accum.nets import shaped as accum_reward_nets
 
 ConfigHook = Callable[[Dict[str, Any], str, Any], Dict[str, Any]]
 

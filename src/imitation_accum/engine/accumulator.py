@@ -12,8 +12,8 @@ The engine knows nothing about fragments or discriminators: a task supplies the
 forward of a chunk and the loss of a chunk's outputs (see :class:`AccumulationTask`).
 
 **Two-pass steps.** When even one item does not fit in memory (a pair of long
-fragments of large frames), a task may cut the batch into chunks that split items,
-and set its ``two_pass`` attribute (see :class:`TwoPassTask`). Pass 1 runs every
+fragments of large frames), the planner cuts the batch into chunks that split
+items and says so in the step plan (see :class:`TwoPassTask`). Pass 1 runs every
 chunk without gradient and adds up each item's per-group sums (a fragment's
 return); the loss and its gradient with respect to those sums are computed once,
 over the whole batch (:meth:`GradientAccumulator._loss_of_sums`); pass 2 re-runs
@@ -31,20 +31,8 @@ and activation checkpointing of CNN reward nets.
 """
 
 import contextlib
-import dataclasses
 import time
-from typing import (
-    Dict,
-    Generic,
-    List,
-    Mapping,
-    NamedTuple,
-    Optional,
-    Protocol,
-    Sequence,
-    Tuple,
-    TypeVar,
-)
+from typing import Dict, Generic, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 import torch as th
@@ -52,113 +40,24 @@ from imitation.regularization import regularizers
 from imitation.util import networks
 from torch import nn
 
-from imitation_accum import memory, normalization, observability, precision
+from imitation_accum.engine import (
+    checkpointing,
+    norm_replay,
+    observability,
+    precision,
+    rng,
+)
+from imitation_accum.engine.task import (
+    AccumulationTask,
+    ChunkLoss,
+    EvaluationResult,
+    StepResult,
+    TwoPassTask,
+    concat_losses,
+)
+from imitation_accum.planning.plan import StepPlan
 
 ChunkT = TypeVar("ChunkT")
-ChunkT_contra = TypeVar("ChunkT_contra", contravariant=True)
-
-
-class ChunkLoss(NamedTuple):
-    """What a task computes from one chunk's reward-net outputs."""
-
-    loss_sum: th.Tensor
-    """Sum of the chunk's per-item losses (a scalar that carries gradient)."""
-    item_losses: th.Tensor
-    """The per-item losses, detached."""
-    metric_sums: Mapping[str, th.Tensor]
-    """Detached metrics summed over the chunk's items (divided by the batch's
-    item count to give full-batch means)."""
-
-
-class AccumulationTask(Protocol[ChunkT_contra]):
-    """The model-specific half of a step: what a chunk computes.
-
-    A task may also define ``metric_names``, the keys of its ``metric_sums``, so
-    that a process with no items in a step still reports them.
-    """
-
-    def forward(self, chunk: ChunkT_contra) -> th.Tensor:
-        """Runs every reward-net call of ``chunk`` and returns their outputs."""
-
-    def loss(self, chunk: ChunkT_contra, outputs: th.Tensor) -> ChunkLoss:
-        """Computes the chunk's item losses from its outputs."""
-
-
-class TwoPassTask(AccumulationTask[ChunkT_contra], Protocol):
-    """A task whose chunks may split items: the two-pass method.
-
-    The engine runs a step in two passes when the task's ``two_pass`` attribute is
-    true. Each item's loss must depend on the outputs only through per-group sums
-    that are linear in the outputs (a fragment's discounted return).
-    """
-
-    two_pass: bool
-
-    def partial_sums(self, chunk: ChunkT_contra, outputs: th.Tensor) -> th.Tensor:
-        """The chunk's contribution to every group sum of the batch.
-
-        Linear in ``outputs``; the contributions of all chunks add up to the sums.
-        """
-
-    def loss_of_sums(
-        self,
-        chunks: Sequence[ChunkT_contra],
-        sums: th.Tensor,
-    ) -> ChunkLoss:
-        """The loss of every item of the batch, from all its group sums."""
-
-
-@dataclasses.dataclass
-class StepResult:
-    """Full-batch figures of one optimizer step."""
-
-    loss: float
-    """Mean per-item loss over the batch (before regularization)."""
-    item_losses: np.ndarray
-    """Per-item losses, in batch order."""
-    metrics: Dict[str, float]
-    """Each task metric summed over the batch, divided by the batch's item count."""
-    grad_norm: float
-    """Total gradient norm before clipping (after the regularizer)."""
-    n_items: int
-    n_minibatches: int
-    seconds: float
-    peak_memory_bytes: int
-    two_pass: bool = False
-    """Whether the step ran in two passes (chunks that split items)."""
-    skipped: bool = False
-    """float16 only: the scaled gradients overflowed and the step was skipped."""
-    loss_scale: Optional[float] = None
-    """float16 only: the gradient scale after the step's update."""
-
-
-@dataclasses.dataclass
-class EvaluationResult:
-    """Full-batch figures of a no-grad evaluation."""
-
-    loss: float
-    item_losses: np.ndarray
-    metrics: Dict[str, float]
-
-
-class _RngState:
-    """The torch RNG states a step may consume (dropout), for restoring."""
-
-    def __init__(self, device: th.device) -> None:
-        self.cpu = th.get_rng_state()
-        self.cuda = th.cuda.get_rng_state(device) if device.type == "cuda" else None
-        self.device = device
-
-    def restore(self) -> None:
-        th.set_rng_state(self.cpu)
-        if self.cuda is not None:
-            th.cuda.set_rng_state(self.cuda, self.device)
-
-
-def forked_rng(device: th.device) -> contextlib.AbstractContextManager:
-    """Runs a block with the torch RNG of ``device`` restored afterwards."""
-    devices = [device.index or 0] if device.type == "cuda" else []
-    return th.random.fork_rng(devices=devices)
 
 
 class GradientAccumulator(Generic[ChunkT]):
@@ -183,7 +82,7 @@ class GradientAccumulator(Generic[ChunkT]):
     Example:
         >>> engine = GradientAccumulator(net, optimizer)  # doctest: +SKIP
         >>> result = engine.step(  # doctest: +SKIP
-        ...     task, chunks, n_items=32, net_calls=4
+        ...     task, chunks, plan=plan, n_items=32
         ... )
         >>> result.loss, result.grad_norm  # doctest: +SKIP
     """
@@ -202,7 +101,7 @@ class GradientAccumulator(Generic[ChunkT]):
         self.optimizer = optimizer
         self.regularizer = regularizer
         self.max_grad_norm = max_grad_norm
-        self.norms = normalization.NormReplay(net)
+        self.norms = norm_replay.NormReplay(net)
         self.n_steps = 0
         self.n_skipped_steps = 0
         self._device: Optional[th.device] = None
@@ -236,8 +135,8 @@ class GradientAccumulator(Generic[ChunkT]):
         self._scaler_pending = False
         self.checkpointed: List[nn.Module] = []
         if activation_checkpointing:
-            memory.check_checkpointable(self.net)
-            self.checkpointed = memory.checkpointable_cnns(self.net)
+            checkpointing.check_checkpointable(self.net)
+            self.checkpointed = checkpointing.checkpointable_cnns(self.net)
 
     def forward_context(self, *, grad: bool) -> contextlib.AbstractContextManager:
         """Context for reward-net forwards: autocast, and checkpointing with grad.
@@ -254,7 +153,26 @@ class GradientAccumulator(Generic[ChunkT]):
                 th.autocast(self.device.type, dtype=self.autocast_dtype),
             )
         if grad and self.checkpointed:
-            stack.enter_context(memory.checkpointing(self.checkpointed))
+            stack.enter_context(checkpointing.checkpointing(self.checkpointed))
+        return stack
+
+    def measuring(self, *, checkpointing: bool = True) -> contextlib.ExitStack:
+        """Context of timing and probing calls of the net.
+
+        They leave no trace on the RNG or the norm statistics, and run as a step's
+        forwards run: under autocast, and checkpointed unless ``checkpointing``
+        is false.
+
+        Args:
+            checkpointing: Whether to checkpoint as forwards with gradient do.
+
+        Returns:
+            The context manager.
+        """
+        stack = contextlib.ExitStack()
+        stack.enter_context(rng.forked_rng(self.device))
+        stack.enter_context(self.norms.frozen())
+        stack.enter_context(self.forward_context(grad=checkpointing))
         return stack
 
     @property
@@ -277,17 +195,19 @@ class GradientAccumulator(Generic[ChunkT]):
         task: AccumulationTask[ChunkT],
         chunks: Sequence[ChunkT],
         *,
+        plan: StepPlan,
         n_items: int,
-        net_calls: int,
     ) -> StepResult:
-        """Runs one optimizer step over ``chunks``.
+        """Runs one optimizer step over ``chunks``, as ``plan`` lays it out.
 
         Args:
             task: Computes each chunk's outputs and loss.
-            chunks: The batch, split; each item of the batch is in one chunk.
+            chunks: The batch, cut as ``plan`` says: chunks of whole items (one
+                pass), or of transitions that may split items (two passes).
+            plan: The planner's plan of the step: passes, transitions per
+                reward-net call, and the calls in all (with a single call, norm
+                layers update themselves, as in the reference forward).
             n_items: Items in the whole batch (the loss divisor).
-            net_calls: Reward-net calls the step makes in all; with a single call
-                norm layers update themselves, as in the reference forward.
 
         Returns:
             The step's full-batch figures.
@@ -305,10 +225,10 @@ class GradientAccumulator(Generic[ChunkT]):
         observability.reset_peak_memory(device)
         self.optimizer.zero_grad(set_to_none=True)
         norm_snapshot = self.norms.snapshot()
-        rng_snapshot = _RngState(device)
+        rng_snapshot = rng.RngState(device)
         scaler_snapshot = self.scaler.state_dict() if self.scaler else None
         try:
-            result = self._step(task, chunks, n_items=n_items, net_calls=net_calls)
+            result = self._step(task, chunks, plan=plan, n_items=n_items)
         except BaseException:
             self.optimizer.zero_grad(set_to_none=True)
             self.norms.restore(norm_snapshot)
@@ -330,24 +250,28 @@ class GradientAccumulator(Generic[ChunkT]):
         task: AccumulationTask[ChunkT],
         chunks: Sequence[ChunkT],
         *,
+        plan: StepPlan,
         n_items: int,
-        net_calls: int,
     ) -> StepResult:
-        two_pass = bool(getattr(task, "two_pass", False))
+        two_pass = plan.two_pass
         stats = None
         # Two passes would each update the norm layers: always replay instead.
-        if self.norms.active and (net_calls > 1 or two_pass):
-            stats = self._gather_norm_statistics(task, chunks)
+        if self.norms.active and (plan.net_calls > 1 or two_pass):
+            stats = self._gather_norm_statistics(task, chunks, plan.forward_size)
         replay = self.norms.replaying(stats) if stats else contextlib.nullcontext()
         loss_sums: List[th.Tensor] = []
         item_losses: List[th.Tensor] = []
         metric_sums: Dict[str, th.Tensor] = {}
-        task_metrics = getattr(task, "metric_names", ())
         with replay:
             if two_pass:
-                outs = self._two_pass(task, chunks, n_items)  # type: ignore[arg-type]
+                outs = self._two_pass(
+                    task,  # type: ignore[arg-type]
+                    chunks,
+                    n_items,
+                    plan.forward_size,
+                )
             else:
-                outs = self._one_pass(task, chunks, n_items)
+                outs = self._one_pass(task, chunks, n_items, plan.forward_size)
         for out in outs:
             loss_sums.append(out.loss_sum.detach())
             item_losses.append(out.item_losses)
@@ -399,8 +323,8 @@ class GradientAccumulator(Generic[ChunkT]):
             self.optimizer.step()
         return StepResult(
             loss=mean_loss,
-            item_losses=_concat(item_losses),
-            metrics=self._global_means(metric_sums, task_metrics, n_items),
+            item_losses=concat_losses(item_losses),
+            metrics=self._global_means(metric_sums, task.metric_names, n_items),
             grad_norm=grad_norm,
             n_items=n_items,
             n_minibatches=len(chunks),
@@ -409,6 +333,7 @@ class GradientAccumulator(Generic[ChunkT]):
             two_pass=two_pass,
             skipped=overflow,
             loss_scale=loss_scale,
+            item_outputs=_concat_outputs(outs),
         )
 
     def _one_pass(
@@ -416,13 +341,14 @@ class GradientAccumulator(Generic[ChunkT]):
         task: AccumulationTask[ChunkT],
         chunks: Sequence[ChunkT],
         n_items: int,
+        forward_size: int,
     ) -> List[ChunkLoss]:
         """Forward, loss and backward of each chunk in turn (chunks of whole items)."""
         outs = []
         for index, chunk in enumerate(chunks):
             with self._chunk_context(index, len(chunks)):
                 with self.forward_context(grad=True):
-                    outputs = task.forward(chunk)
+                    outputs = task.forward(chunk, forward_size)
                 out = task.loss(chunk, outputs.float())
                 self._backward(out.loss_sum / n_items)
             outs.append(out)
@@ -433,17 +359,18 @@ class GradientAccumulator(Generic[ChunkT]):
         task: TwoPassTask[ChunkT],
         chunks: Sequence[ChunkT],
         n_items: int,
+        forward_size: int,
     ) -> List[ChunkLoss]:
         """The two-pass method (see the module's docstring); one loss for the batch."""
         if not chunks:
             return []
         # Pass 2 rewinds to here, so that it draws pass 1's dropout masks.
-        start = _RngState(self.device)
+        start = rng.RngState(self.device)
         sums: Optional[th.Tensor] = None
         with th.no_grad():
             for chunk in chunks:
                 with self.forward_context(grad=False):
-                    outputs = task.forward(chunk)
+                    outputs = task.forward(chunk, forward_size)
                 part = task.partial_sums(chunk, outputs.float())
                 sums = part if sums is None else sums + part
         assert sums is not None
@@ -452,7 +379,7 @@ class GradientAccumulator(Generic[ChunkT]):
         for index, chunk in enumerate(chunks):
             with self._chunk_context(index, len(chunks)):
                 with self.forward_context(grad=True):
-                    outputs = task.forward(chunk)
+                    outputs = task.forward(chunk, forward_size)
                 part = task.partial_sums(chunk, outputs.float())
                 self._backward(th.dot(part, sums_grad))
         return [out]
@@ -461,7 +388,8 @@ class GradientAccumulator(Generic[ChunkT]):
         self,
         task: AccumulationTask[ChunkT],
         chunks: Sequence[ChunkT],
-    ) -> normalization.ReplayedStatistics:
+        forward_size: int,
+    ) -> norm_replay.ReplayedStatistics:
         """No-grad pre-pass(es) giving every norm call its full-batch statistics.
 
         A layer whose input depends on another norm layer's output needs the
@@ -469,23 +397,23 @@ class GradientAccumulator(Generic[ChunkT]):
         net is like that is learnt on the first step by running a second pass.
         """
         provisional = None
-        previous: Optional[normalization.CallMoments] = None
+        previous: Optional[norm_replay.CallMoments] = None
         passes = 0
         while True:
             with (
                 th.no_grad(),
-                forked_rng(self.device),
+                rng.forked_rng(self.device),
                 self.norms.gathering(provisional) as moments,
                 self.forward_context(grad=False),
             ):
                 for chunk in chunks:
-                    task.forward(chunk)
+                    task.forward(chunk, forward_size)
             moments = self._all_reduce_moments(moments)
             stats = self.norms.replay(moments)
             passes += 1
             if self.norms.chained is False:
                 return stats
-            if previous is not None and normalization.moments_equal(previous, moments):
+            if previous is not None and norm_replay.moments_equal(previous, moments):
                 if self.norms.chained is None:
                     self.norms.chained = passes > 2
                 return stats
@@ -573,8 +501,8 @@ class GradientAccumulator(Generic[ChunkT]):
 
     def _all_reduce_moments(
         self,
-        moments: normalization.CallMoments,
-    ) -> normalization.CallMoments:
+        moments: norm_replay.CallMoments,
+    ) -> norm_replay.CallMoments:
         """Merges norm-input moments gathered by every process."""
         return moments
 
@@ -619,6 +547,7 @@ class GradientAccumulator(Generic[ChunkT]):
         task: AccumulationTask[ChunkT],
         chunks: Sequence[ChunkT],
         *,
+        plan: StepPlan,
         n_items: int,
     ) -> EvaluationResult:
         """Full-batch loss and metrics without gradient, in evaluation mode.
@@ -628,8 +557,9 @@ class GradientAccumulator(Generic[ChunkT]):
 
         Args:
             task: Computes each chunk's outputs and loss.
-            chunks: The items to evaluate, split.
-            n_items: Items in all chunks.
+            chunks: The items to evaluate, cut into chunks of whole items.
+            plan: The planner's plan (its ``forward_size`` is used).
+            n_items: Items in all chunks (over all processes).
 
         Returns:
             Mean loss, per-item losses and mean metrics.
@@ -639,25 +569,23 @@ class GradientAccumulator(Generic[ChunkT]):
         with th.no_grad(), networks.evaluating(self.net):
             for chunk in chunks:
                 with self.forward_context(grad=False):
-                    outputs = task.forward(chunk)
+                    outputs = task.forward(chunk, plan.forward_size)
                 out = task.loss(chunk, outputs.float())
                 item_losses.append(out.item_losses)
                 for name, value in out.metric_sums.items():
                     metric_sums[name] = metric_sums.get(name, 0) + value
-        losses = _concat(item_losses)
+        losses = concat_losses(item_losses)
         total = self._global_sum(th.as_tensor(losses.sum(), dtype=th.float64))
-        task_metrics = getattr(task, "metric_names", ())
         return EvaluationResult(
             loss=float(total) / n_items,
             item_losses=losses,
-            metrics=self._global_means(metric_sums, task_metrics, n_items),
+            metrics=self._global_means(metric_sums, task.metric_names, n_items),
         )
 
 
-def _concat(parts: List[th.Tensor]) -> np.ndarray:
-    if not parts:
-        return np.zeros(0, dtype=np.float32)
-    return th.cat(parts).cpu().numpy()
+def _concat_outputs(outs: Sequence[ChunkLoss]) -> Optional[th.Tensor]:
+    parts = [out.item_outputs for out in outs if out.item_outputs is not None]
+    return th.cat(parts) if parts else None
 
 
 def _total_norm(params: Sequence[th.Tensor]) -> th.Tensor:

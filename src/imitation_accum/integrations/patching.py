@@ -57,7 +57,7 @@ def _replacements() -> Dict[_Target, Any]:
     from imitation.scripts.ingredients import reward as reward_ingredient
 
     import imitation_accum
-    from imitation_accum import demonstrations
+    from imitation_accum.integrations import demonstrations
     from imitation_accum.scripts import ingredients
 
     return {

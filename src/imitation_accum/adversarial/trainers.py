@@ -23,6 +23,7 @@ from typing import (
     List,
     Mapping,
     Optional,
+    Sequence,
     Tuple,
 )
 
@@ -38,13 +39,14 @@ from imitation.rewards import reward_nets
 from imitation.util import networks
 from stable_baselines3.common import base_class, preprocessing, vec_env
 
-from imitation_accum import (
-    _validation,
-    accumulation,
-    discriminator_task,
-    memory,
-    planning,
-)
+from imitation_accum import _validation
+from imitation_accum.adversarial import discriminator_task
+from imitation_accum.adversarial.workload import DiscriminatorWorkload
+from imitation_accum.engine.accumulator import GradientAccumulator
+from imitation_accum.engine.task import StepResult
+from imitation_accum.planning import budget, probe
+from imitation_accum.planning.plan import StepPlan
+from imitation_accum.planning.planner import Planner
 
 
 def resolve_minibatch_size(
@@ -148,8 +150,8 @@ class _AccumulatingDiscriminator(common.AdversarialTrainer):
             if max_grad_norm is None
             else _validation.positive_finite_float("max_grad_norm", max_grad_norm)
         )
-        budget = memory.parse_budget(memory_budget)
-        if budget is not None and chunk_size is not None:
+        parsed_budget = budget.parse_budget(memory_budget)
+        if parsed_budget is not None and chunk_size is not None:
             raise ValueError(
                 f"demo_minibatch_size (or minibatch_size)={chunk_size!r} and "
                 f"memory_budget={memory_budget!r} are alternatives: give one of them",
@@ -168,105 +170,77 @@ class _AccumulatingDiscriminator(common.AdversarialTrainer):
         )
         self.demo_minibatch_size = chunk_size or batch_size
         self.max_grad_norm = clip
-        self.memory_budget = budget
-        # Rows (expert and generator transition pairs) per minibatch that fit the
-        # budget, or that an out-of-memory error left; None: not limited.
-        self._budget_rows: Optional[int] = None
-        self.last_disc_result: Optional[accumulation.StepResult] = None
-        self._engine: accumulation.GradientAccumulator[
-            discriminator_task.DiscriminatorChunk
-        ] = accumulation.GradientAccumulator(
-            self._reward_net,
-            self._disc_opt,
-            max_grad_norm=clip,
+        self.memory_budget = parsed_budget
+        self.last_disc_result: Optional[StepResult] = None
+        self._engine: GradientAccumulator[discriminator_task.DiscriminatorChunk] = (
+            GradientAccumulator(self._reward_net, self._disc_opt, max_grad_norm=clip)
         )
-        if isinstance(budget, int):
-            needed = memory.training_state_bytes(self._disc_opt)
-            if budget < needed:
-                raise ValueError(
-                    f"memory_budget={memory.format_bytes(budget)} is smaller than "
-                    f"the {memory.format_bytes(needed)} that the discriminator's "
-                    "parameters, gradients and optimizer state need",
-                )
+        # Items are rows of an expert and a generator transition: one call each
+        # chunk, never split.
+        self.planner = Planner(
+            minibatch_size=self.demo_minibatch_size,
+            forward_size=None,
+            two_pass=False,
+            log=lambda message: self.logger.log(message),
+            unit="row (an expert and a generator transition)",
+        )
+        budget.check_holds_training_state(
+            parsed_budget,
+            self._disc_opt,
+            "the discriminator's parameters, gradients and optimizer state",
+        )
 
     @property
     def engine(
         self,
-    ) -> accumulation.GradientAccumulator[discriminator_task.DiscriminatorChunk]:
+    ) -> GradientAccumulator[discriminator_task.DiscriminatorChunk]:
         """The accumulation engine stepping the discriminator."""
         return self._engine
 
-    def _plan_disc_chunks(self) -> List[slice]:
-        """Rows of the expert (and generator) samples in each minibatch (a hook)."""
-        size = self.demo_minibatch_size
-        if self._budget_rows is not None:
-            size = min(size, self._budget_rows)
-        return planning.plan_chunks(self.demo_batch_size, size)
-
-    def _rows_in_budget(
+    def _workload(
         self,
         task: discriminator_task.DiscriminatorTask,
         expert: Mapping[str, np.ndarray],
         generated: Mapping[str, np.ndarray],
-    ) -> int:
-        """Rows per minibatch that ``memory_budget`` holds (a probe on a few rows).
+    ) -> DiscriminatorWorkload:
+        log_probs = self._policy_log_probs if self._uses_policy_log_probs else None
+        return DiscriminatorWorkload(task, expert, generated, log_probs, self._engine)
+
+    def _plan_memory(self, workload: DiscriminatorWorkload) -> None:
+        """Sizes minibatches from ``memory_budget`` (a probe on a few rows).
 
         Raises:
             ValueError: if not even one row (an expert and a generator transition)
                 fits.
         """
         assert self.memory_budget is not None
-        device = self.reward_train.device
-        engine = self._engine
-
-        def run(n_rows: int) -> th.Tensor:
-            rows = [slice(0, n_rows)]
-            staged = discriminator_task.stage_batch(
-                {key: value[:n_rows] for key, value in expert.items()},
-                {key: value[:n_rows] for key, value in generated.items()},
-                rows,
-                keys=task.staged_keys,
-            )
-            (chunk,) = discriminator_task.make_chunks(staged, rows, device)
-            if self._uses_policy_log_probs:
-                chunk.log_policy_act_prob = self._policy_log_probs(chunk)
-            with (
-                accumulation.forked_rng(device),
-                engine.norms.frozen(),
-                engine.forward_context(grad=True),
-            ):
-                return task.forward(chunk)
-
         frame_bytes = 4 * int(np.prod(self.venv.observation_space.shape or ()))
-        profile = memory.profile_activations(
-            run,
-            max_transitions=min(4, self.demo_batch_size),
-            params=list(self._reward_net.parameters()),
-            device=device,
-            fixed_bytes=memory.training_state_bytes(self._disc_opt),
+        profile = probe.profile_workload(
+            workload,
+            sample_transitions=min(4, self.demo_batch_size),
+            fixed_bytes=budget.training_state_bytes(self._disc_opt),
             # obs and next_obs as float32, for the expert and the generator row
             input_bytes_per_transition=4 * frame_bytes,
+            checkpointed=False,
         )
-        budget = memory.resolve_budget(
+        self.planner.profile = profile
+        in_bytes = self.planner.fit_budget(
             self.memory_budget,
-            device,
-            memory.resident_training_bytes(self._disc_opt),
+            profile,
+            device=workload.device,
+            resident_bytes=budget.resident_training_bytes(self._disc_opt),
+            largest_batch=self.demo_batch_size,
         )
-        rows = profile.max_chunk_transitions(budget, self.demo_batch_size)
-        if rows == 0:
-            raise ValueError(
-                f"memory_budget={self.memory_budget!r} ({memory.format_bytes(budget)})"
-                " is too small: one row (an expert and a generator transition) needs"
-                f" an estimated {memory.format_bytes(profile.chunk_bytes(1, 1))}",
-            )
-        whole = self.demo_batch_size
         self.logger.log(
-            f"memory_budget: {memory.format_bytes(budget)}; per row of an expert "
-            f"and a generator transition {profile.describe()}; minibatches of at "
-            f"most {rows} rows; the whole batch in one would need "
-            f"{memory.format_bytes(profile.chunk_bytes(whole, whole))}",
+            probe.budget_message(
+                in_bytes,
+                profile,
+                cap=self.planner.chunk_cap or 0,
+                item=1,
+                largest_batch=self.demo_batch_size,
+                items="rows",
+            ),
         )
-        return rows
 
     def _disc_samples(
         self,
@@ -328,9 +302,9 @@ class _AccumulatingDiscriminator(common.AdversarialTrainer):
         task: discriminator_task.DiscriminatorTask,
         expert: Mapping[str, np.ndarray],
         generated: Mapping[str, np.ndarray],
+        rows: Sequence[slice],
     ) -> List[discriminator_task.DiscriminatorChunk]:
-        """The step's minibatches, with the policy's log-probabilities if used."""
-        rows = self._plan_disc_chunks()
+        """The minibatches of ``rows``, with the policy's log-probabilities if used."""
         devices = {self.reward_train.device.type, th.device(self.gen_algo.device).type}
         batch = discriminator_task.stage_batch(
             expert,
@@ -387,43 +361,38 @@ class _AccumulatingDiscriminator(common.AdversarialTrainer):
                 gen_samples=gen_samples,
             )
             task = self._disc_task()
-            if self.memory_budget is not None and self._budget_rows is None:
-                self._budget_rows = self._rows_in_budget(task, expert, generated)
-            while True:
-                chunks = self._disc_chunks(task, expert, generated)
-                try:
-                    result = self._engine.step(
-                        task,
-                        chunks,
-                        n_items=2 * self.demo_batch_size,
-                        net_calls=len(chunks),
-                    )
-                except th.OutOfMemoryError as error:
-                    # The engine undid the partial step: redo it with minibatches
-                    # half as large (raises at one row).
-                    largest = max(r.stop - r.start for r in self._plan_disc_chunks())
-                    self._budget_rows = memory.halved_chunk(
-                        largest,
-                        error,
-                        unit="row (an expert and a generator transition)",
-                    )
-                else:
-                    break
-                del chunks
-                memory.release_cached_memory(self.reward_train.device)
-                self.logger.log(
-                    "out of memory: discriminator step redone with minibatches of "
-                    f"at most {self._budget_rows} rows",
+            workload = self._workload(task, expert, generated)
+            if self.memory_budget is not None and self.planner.budget_cap is None:
+                self._plan_memory(workload)
+
+            def step(plan: StepPlan) -> StepResult:
+                chunks = self._disc_chunks(task, expert, generated, plan.item_chunks)
+                return self._engine.step(
+                    task,
+                    chunks,
+                    plan=plan,
+                    n_items=2 * self.demo_batch_size,
                 )
+
+            plan, result = self.planner.run(
+                np.ones(self.demo_batch_size, dtype=np.int64),
+                step,
+                workload,
+                device=self.reward_train.device,
+            )
             self._disc_step += 1
             self.last_disc_result = result
-            train_stats = discriminator_task.batch_statistics(chunks, result.loss)
+            assert result.item_outputs is not None  # the task returns its logits
+            logits = result.item_outputs
+            labels = discriminator_task.batch_labels(plan.item_chunks, logits.device)
+            train_stats = discriminator_task.batch_statistics(
+                logits, labels, result.loss
+            )
             self.logger.record("global_step", self._global_step)
             for key, value in train_stats.items():
                 self.logger.record(key, value)
             self.logger.dump(self._disc_step)
             if write_summaries:
-                logits, _ = discriminator_task.batch_logits(chunks)
                 self._summary_writer.add_histogram("disc_logits", logits)
         return train_stats
 
@@ -451,7 +420,8 @@ class _AccumulatingDiscriminator(common.AdversarialTrainer):
             gen_samples=gen_samples,
         )
         task = self._disc_task()
-        for chunk in self._disc_chunks(task, expert, generated):
+        rows = self.planner.plan(np.ones(self.demo_batch_size, dtype=np.int64))
+        for chunk in self._disc_chunks(task, expert, generated, rows.item_chunks):
             state, action, next_state, done = task.inputs(chunk)
             yield {
                 "state": state,

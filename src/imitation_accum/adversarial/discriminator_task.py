@@ -27,7 +27,8 @@ from imitation.rewards import reward_nets
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from imitation_accum import accumulation, net_inputs
+from imitation_accum.engine.task import ChunkLoss
+from imitation_accum.nets import input_preparation
 
 #: ``logits_expert_is_high(state, action, next_state, done, log_policy_act_prob)``.
 LogitsFn = Callable[
@@ -186,8 +187,6 @@ class DiscriminatorChunk:
     """1.0 for the expert transitions, then 0.0 for the generator ones."""
     log_policy_act_prob: Optional[th.Tensor] = None
     """The generator policy's log-probabilities of the chunk's actions (AIRL)."""
-    logits: Optional[th.Tensor] = None
-    """The discriminator's detached logits, once the step has taken its loss."""
 
     @property
     def n_transitions(self) -> int:
@@ -229,8 +228,8 @@ def make_chunks(
 class DiscriminatorTask:
     """Forward and loss of discriminator chunks.
 
-    Each chunk keeps its detached logits; :func:`batch_statistics` computes
-    imitation's statistics from them once the step is done.
+    Each chunk's loss returns its detached logits (``item_outputs``), from which
+    :func:`batch_statistics` computes imitation's statistics once per step.
 
     Args:
         logits_fn: The trainer's ``logits_expert_is_high``.
@@ -250,7 +249,7 @@ class DiscriminatorTask:
     ) -> None:
         self.logits_fn = logits_fn
         self.device = preprocessing_net.device
-        self.prepare = net_inputs.InputPreparer(preprocessing_net, forward_net)
+        self.prepare = input_preparation.InputPreparer(preprocessing_net, forward_net)
 
     def inputs(
         self, chunk: DiscriminatorChunk
@@ -269,8 +268,17 @@ class DiscriminatorTask:
             return FIELDS
         return ("obs", "acts", "dones")
 
-    def forward(self, chunk: DiscriminatorChunk) -> th.Tensor:
-        """One call of the discriminator on the chunk's transitions."""
+    def forward(self, chunk: DiscriminatorChunk, forward_size: int) -> th.Tensor:
+        """One call of the discriminator on the chunk's transitions.
+
+        Args:
+            chunk: The chunk.
+            forward_size: Unused: a chunk is one call (the planner plans so).
+
+        Returns:
+            One logit per transition, expert rows first.
+        """
+        del forward_size
         state, action, next_state, done = self.inputs(chunk)
         logits = self.logits_fn(
             state,
@@ -287,39 +295,33 @@ class DiscriminatorTask:
             )
         return logits
 
-    def loss(
-        self, chunk: DiscriminatorChunk, outputs: th.Tensor
-    ) -> accumulation.ChunkLoss:
-        """Per-transition BCE-with-logits losses; the logits stay on the chunk."""
+    def loss(self, chunk: DiscriminatorChunk, outputs: th.Tensor) -> ChunkLoss:
+        """Per-transition BCE-with-logits losses; the logits come back with them."""
         losses = F.binary_cross_entropy_with_logits(
             outputs,
             chunk.labels,
             reduction="none",
         )
-        # Statistics are computed once per step from these (see batch_statistics),
-        # not per minibatch: fewer small operations between the big ones.
-        chunk.logits = outputs.detach()
-        return accumulation.ChunkLoss(
+        # Statistics are computed once per step from the logits (see
+        # batch_statistics), not per minibatch: fewer small operations.
+        return ChunkLoss(
             loss_sum=losses.sum(),
             item_losses=losses.detach(),
             metric_sums={},
+            item_outputs=outputs.detach(),
         )
 
 
-def batch_logits(
-    chunks: Sequence[DiscriminatorChunk],
-) -> Tuple[th.Tensor, th.Tensor]:
-    """The logits of the step's last pass and their labels, chunk after chunk."""
-    missing = [i for i, c in enumerate(chunks) if c.logits is None]
-    if missing:
-        raise RuntimeError(f"minibatches {missing} have no logits: no loss was taken")
-    logits = th.cat([c.logits for c in chunks])  # type: ignore[misc]
-    labels = th.cat([c.labels for c in chunks])
-    return logits, labels
+def batch_labels(rows: Sequence[slice], device: th.device) -> th.Tensor:
+    """The labels of a step's transitions in chunk order (see :func:`make_chunks`)."""
+    return th.cat(
+        [th.cat([th.ones(r.stop - r.start), th.zeros(r.stop - r.start)]) for r in rows],
+    ).to(device)
 
 
 def batch_statistics(
-    chunks: Sequence[DiscriminatorChunk],
+    logits: th.Tensor,
+    labels: th.Tensor,
     mean_loss: float,
 ) -> Mapping[str, float]:
     """The discriminator statistics imitation reports, over the whole batch.
@@ -328,7 +330,8 @@ def batch_statistics(
     1.0.1 passes it the last minibatch only, with a scaled-down loss).
 
     Args:
-        chunks: The step's chunks, after the step.
+        logits: The logits of every transition of the batch, in chunk order.
+        labels: Their labels (1.0 for the expert).
         mean_loss: The batch's mean loss.
 
     Returns:
@@ -336,7 +339,6 @@ def batch_statistics(
         ``disc_entropy``, ``disc_proportion_expert_true``,
         ``disc_proportion_expert_pred``, ``n_expert``, ``n_generated``.
     """
-    logits, labels = batch_logits(chunks)
     return common.compute_train_stats(
         logits,
         labels.long(),

@@ -36,6 +36,23 @@ def epoch_batches(
     return batches
 
 
+def n_batches(n_items: int, batch_size: int, drop_last: bool) -> int:
+    """Batches per epoch over ``n_items``.
+
+    Raises:
+        ValueError: if ``drop_last`` leaves no batch.
+    """
+    steps = n_items // batch_size
+    if not drop_last and n_items % batch_size:
+        steps += 1
+    if steps == 0:
+        raise ValueError(
+            f"drop_last=True with {n_items} training comparisons and "
+            f"batch_size={batch_size}: no batch to train on",
+        )
+    return steps
+
+
 def split_validation(
     rng: np.random.Generator,
     n_items: int,

@@ -15,7 +15,7 @@ from imitation.algorithms import preference_comparisons as pc
 from imitation.data import types
 from torch.utils import data as data_th
 
-from imitation_accum import fragments
+from imitation_accum.preference import fragments
 
 Pair = Tuple[types.Trajectory, types.Trajectory]
 

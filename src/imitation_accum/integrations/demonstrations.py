@@ -28,7 +28,7 @@ from imitation.policies import serialize as policies_serialize
 from imitation.util import util
 from stable_baselines3.common import vec_env
 
-from imitation_accum import atari  # noqa: F401  (registers the Atari ids)
+from imitation_accum.envs import atari  # noqa: F401  (registers the Atari ids
 
 _ARRAY_FIELDS = ("obs", "acts", "rews")
 

@@ -9,8 +9,8 @@ the first fragment is preferred, with ``noise_prob`` and ``threshold`` as in
 imitation's ``PreferenceModel``.
 
 When one pair does not fit in memory, the batch's fragments are laid end to end
-once and cut into :class:`TransitionChunk` ranges that may split fragments; the
-task then runs the engine's two-pass method (``two_pass = True``): a chunk
+once and cut into :class:`TransitionChunk` ranges that may split fragments (a
+two-pass plan); the engine then runs its two-pass method: a chunk
 contributes each fragment's discounted partial return, with discount weights
 counted from the fragment's own first transition.
 """
@@ -26,9 +26,12 @@ from imitation.rewards import reward_nets
 from imitation.util import util
 from torch.nn import functional as F  # noqa: N812
 
-from imitation_accum import accumulation, fragments, net_inputs, preference_data
+from imitation_accum.engine.task import ChunkLoss
+from imitation_accum.nets import input_preparation
+from imitation_accum.planning.plan import StepPlan
+from imitation_accum.preference import fragments, pair_table
 
-Pair = preference_data.Pair
+Pair = pair_table.Pair
 
 
 @dataclasses.dataclass
@@ -65,21 +68,32 @@ class TransitionChunk:
         return self.stop - self.start
 
 
-def transition_chunks(batch: PairChunk, size: int) -> List[TransitionChunk]:
-    """Cuts the transitions of ``batch`` into consecutive ranges of ``size``.
+def make_chunks(
+    task: "PreferenceTask",
+    table: pair_table.PreferenceTable,
+    local: np.ndarray,
+    plan: StepPlan,
+) -> List[Union[PairChunk, TransitionChunk]]:
+    """The chunks of pairs ``local`` of ``table`` that ``plan`` lays out.
 
     Args:
-        batch: The batch, laid out.
-        size: Transitions per chunk (the last may be shorter).
+        task: Lays pairs out for the reward net.
+        table: The dataset.
+        local: The pairs of the batch (this process's share), in order.
+        plan: The planner's plan for them.
 
     Returns:
-        Chunks covering every transition, in order.
+        Chunks of whole pairs (one pass) or of transition ranges (two passes).
     """
-    total = batch.layout.n_transitions
-    return [
-        TransitionChunk(batch, start, min(start + size, total))
-        for start in range(0, total, size)
-    ]
+    if not len(local):
+        return []
+    if plan.two_pass:
+        batch = task.make_chunk(table, local)
+        return [
+            TransitionChunk(batch, start, stop)
+            for start, stop in plan.transition_chunks
+        ]
+    return [task.make_chunk(table, local[s]) for s in plan.item_chunks]
 
 
 def probability_first_preferred(
@@ -157,12 +171,9 @@ class PreferenceTask:
         noise_prob: As in imitation's ``PreferenceModel``.
         discount_factor: As in imitation's ``PreferenceModel``.
         threshold: As in imitation's ``PreferenceModel``.
-        forward_size: Transitions per reward-net call (set before use).
     """
 
     metric_names = ("accuracy",)
-    two_pass = False
-    """Whether chunks are :class:`TransitionChunk` ranges (set before each step)."""
 
     def __init__(
         self,
@@ -171,18 +182,16 @@ class PreferenceTask:
         noise_prob: float,
         discount_factor: float,
         threshold: float,
-        forward_size: int = 1,
     ) -> None:
         self.net = net
         self.noise_prob = noise_prob
         self.discount_factor = discount_factor
         self.threshold = threshold
-        self.forward_size = forward_size
         # What each call runs after net.preprocess: the net, or a wrapper that
         # forwards to it and must see every forward (DistributedDataParallel).
         self.call_target: th.nn.Module = net
         self.device = net.device
-        self.inputs = net_inputs.InputPreparer(net)
+        self.inputs = input_preparation.InputPreparer(net)
 
     def refresh_device(self) -> None:
         """Re-reads the net's device (looked up once per step, not per call)."""
@@ -193,7 +202,7 @@ class PreferenceTask:
 
     def make_chunk(
         self,
-        table: preference_data.PreferenceTable,
+        table: pair_table.PreferenceTable,
         indices: np.ndarray,
     ) -> PairChunk:
         """Lays out pairs ``indices`` of ``table``; preferences go to the device."""
@@ -207,9 +216,24 @@ class PreferenceTask:
         return PairChunk(layout, prefs, prefs > 0.5, discounts)
 
     def call(
-        self, layout: fragments.FragmentLayout, start: int, stop: int
+        self,
+        layout: fragments.FragmentLayout,
+        start: int,
+        stop: int,
+        module: Optional[th.nn.Module] = None,
     ) -> th.Tensor:
-        """One reward-net call on transitions ``[start, stop)`` of ``layout``."""
+        """One reward-net call on transitions ``[start, stop)`` of ``layout``.
+
+        Args:
+            layout: The fragments, laid end to end.
+            start: First transition.
+            stop: One past the last transition.
+            module: What the call runs after ``preprocess``; by default
+                ``call_target``.
+
+        Returns:
+            One reward per transition.
+        """
         # Frames travel to the device as stored (uint8) and are converted there.
         obs, acts, next_obs, dones = layout.gather(
             start,
@@ -222,7 +246,8 @@ class PreferenceTask:
             None if next_obs is None else self._to_device(next_obs),
             self._to_device(dones),
         )
-        rewards = self.call_target(state, action, next_state, done)
+        through = self.call_target if module is None else module
+        rewards = through(state, action, next_state, done)
         if rewards.shape != (stop - start,):
             raise ValueError(
                 f"reward net returned shape {tuple(rewards.shape)} for "
@@ -230,15 +255,19 @@ class PreferenceTask:
             )
         return rewards
 
-    def forward(self, chunk: Union[PairChunk, TransitionChunk]) -> th.Tensor:
-        """Per-transition rewards of every transition of ``chunk``."""
+    def forward(
+        self,
+        chunk: Union[PairChunk, TransitionChunk],
+        forward_size: int,
+    ) -> th.Tensor:
+        """Per-transition rewards of ``chunk``, in calls of ``forward_size``."""
         if isinstance(chunk, TransitionChunk):
             layout, begin, end = chunk.batch.layout, chunk.start, chunk.stop
         else:
             layout, begin, end = chunk.layout, 0, chunk.layout.n_transitions
         outputs = [
-            self.call(layout, start, min(start + self.forward_size, end))
-            for start in range(begin, end, self.forward_size)
+            self.call(layout, start, min(start + forward_size, end))
+            for start in range(begin, end, forward_size)
         ]
         return outputs[0] if len(outputs) == 1 else th.cat(outputs)
 
@@ -248,7 +277,7 @@ class PreferenceTask:
             rewards = rewards * chunk.discounts
         return chunk.layout.segment_sums(rewards)
 
-    def loss(self, chunk: PairChunk, outputs: th.Tensor) -> accumulation.ChunkLoss:
+    def loss(self, chunk: PairChunk, outputs: th.Tensor) -> ChunkLoss:
         """Per-pair cross-entropy losses and correct-prediction counts."""
         return self._loss_of_returns(chunk, self.returns(chunk, outputs))
 
@@ -265,7 +294,7 @@ class PreferenceTask:
         self,
         chunks: Sequence[TransitionChunk],
         sums: th.Tensor,
-    ) -> accumulation.ChunkLoss:
+    ) -> ChunkLoss:
         """Two-pass: every pair's loss from the returns of the whole batch."""
         return self._loss_of_returns(chunks[0].batch, sums)
 
@@ -273,7 +302,7 @@ class PreferenceTask:
         self,
         chunk: PairChunk,
         returns: th.Tensor,
-    ) -> accumulation.ChunkLoss:
+    ) -> ChunkLoss:
         losses, probs = preference_losses(
             returns[0::2],
             returns[1::2],
@@ -282,7 +311,7 @@ class PreferenceTask:
             self.threshold,
         )
         correct = ((probs > 0.5) == chunk.prefers_first).sum()
-        return accumulation.ChunkLoss(
+        return ChunkLoss(
             loss_sum=losses.sum(),
             item_losses=losses.detach(),
             metric_sums={"accuracy": correct.detach()},
@@ -290,7 +319,7 @@ class PreferenceTask:
 
     def ground_truth_losses(
         self,
-        table: preference_data.PreferenceTable,
+        table: pair_table.PreferenceTable,
     ) -> Optional[np.ndarray]:
         """Per-pair cross-entropy of the true rewards' preferences (``gt_reward_loss``).
 

@@ -1,0 +1,10 @@
+"""AIRL and GAIL whose discriminator update is accumulated exactly."""
+
+from imitation_accum.adversarial.trainers import (
+    AIRL,
+    GAIL,
+    policy_observations,
+    resolve_minibatch_size,
+)
+
+__all__ = ["AIRL", "GAIL", "policy_observations", "resolve_minibatch_size"]

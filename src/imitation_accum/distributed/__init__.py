@@ -1,0 +1,37 @@
+"""Offline reward-model training shared by a process group (DDP under torchrun).
+
+See :mod:`imitation_accum.distributed.engine` for how N processes give the
+update of one.
+"""
+
+from imitation_accum.distributed.engine import DistributedGradientAccumulator
+from imitation_accum.distributed.process_group import (
+    DistributedContext,
+    RankFailedError,
+    backend_for,
+    check_batch_size,
+    distributed_session,
+    init_distributed,
+    launched_by_torchrun,
+    local_share,
+    reporting_failures,
+    resolve_device,
+    shutdown_distributed,
+)
+from imitation_accum.distributed.trainer import DistributedRewardTrainer
+
+__all__ = [
+    "DistributedContext",
+    "DistributedGradientAccumulator",
+    "DistributedRewardTrainer",
+    "RankFailedError",
+    "backend_for",
+    "check_batch_size",
+    "distributed_session",
+    "init_distributed",
+    "launched_by_torchrun",
+    "local_share",
+    "reporting_failures",
+    "resolve_device",
+    "shutdown_distributed",
+]

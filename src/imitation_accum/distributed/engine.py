@@ -1,0 +1,254 @@
+"""Reward-model training shared by the processes of a group (DDP).
+
+One process per device, launched by ``torchrun``; gloo on CPUs, NCCL on GPUs. Every
+process (*rank*) holds the whole reward net and the whole dataset and draws the
+same batches from an identically seeded generator; each rank computes a disjoint,
+contiguous share of every batch, split into minibatches as usual. The update is the
+one a single process makes on the whole batch:
+
+* a rank's minibatch losses are divided by the number of pairs in the *whole*
+  batch, and multiplied by the number of ranks to undo DDP's averaging of
+  gradients, so the reduced gradient is the full-batch gradient;
+* gradients are reduced once per step: every minibatch but a rank's last runs
+  under ``no_sync()``;
+* ``RunningNorm``/``EMANorm`` statistics are those of the whole batch: the moments
+  (count, mean, M2) each rank gathers are exchanged and merged in rank order, and
+  every rank replays the same update. DDP's own buffer broadcast, which would copy
+  rank 0's statistics over everyone's, is turned off;
+* a rank with no pairs in a step (a last batch smaller than the number of ranks)
+  runs the net on zero transitions, which contributes a zero gradient, so it still
+  takes part in the reduction;
+* losses, metrics and norm moments reported or used are sums over all ranks, and
+  a ``forward_size="auto"`` is tuned on rank 0 alone and broadcast.
+
+Parameters, buffers and optimizer state therefore stay identical on all ranks.
+
+Chunks are planned per rank (``minibatch_size``, ``memory_budget``, two passes):
+the collectives do not depend on how many chunks a rank runs, only on every rank
+running its share of every step. A step that runs out of memory is not redone
+(the single-process back-off would leave the other ranks waiting): the job stops
+with the rank's error.
+"""
+
+import contextlib
+import dataclasses
+import inspect
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
+
+import numpy as np
+import torch as th
+import torch.distributed as dist
+from imitation.regularization import regularizers
+from torch import nn
+
+from imitation_accum.engine import norm_replay, rng
+from imitation_accum.engine.accumulator import GradientAccumulator
+from imitation_accum.engine.task import AccumulationTask, StepResult
+from imitation_accum.planning.plan import StepPlan
+
+ChunkT = TypeVar("ChunkT")
+_OUT_OF_MEMORY = getattr(th, "OutOfMemoryError", th.cuda.OutOfMemoryError)
+
+
+class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
+    """A :class:`GradientAccumulator` whose steps are shared by a process group.
+
+    Each rank passes its own chunks and the item count of the *whole* batch to
+    :meth:`step`; the result is the step one process would take on the whole
+    batch, applied on every rank.
+
+    Args:
+        net: The reward net; wrapped in :attr:`ddp`, through which every
+            reward-net call of a task must go (DDP sees the backward only of
+            outputs of its own forward).
+        optimizer: The optimizer to step once per batch.
+        empty_forward: Runs the module it is given (:attr:`ddp`) on zero items
+            and returns the output; lets a rank with no items join a step.
+        process_group: The group to share steps with (default: the default one).
+        regularizer: As in :class:`GradientAccumulator`.
+        max_grad_norm: As in :class:`GradientAccumulator`.
+
+    Raises:
+        RuntimeError: if ``torch.distributed`` is not initialized.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        optimizer: th.optim.Optimizer,
+        *,
+        empty_forward: Callable[[nn.Module], th.Tensor],
+        process_group: Optional[dist.ProcessGroup] = None,
+        regularizer: Optional[regularizers.Regularizer] = None,
+        max_grad_norm: Optional[float] = None,
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "DistributedGradientAccumulator needs an initialized process group "
+                "(see imitation_accum.distributed.init_distributed)",
+            )
+        super().__init__(
+            net,
+            optimizer,
+            regularizer=regularizer,
+            max_grad_norm=max_grad_norm,
+        )
+        self.process_group = process_group
+        self.world_size = dist.get_world_size(process_group)
+        self.rank = dist.get_rank(process_group)
+        device = self.device
+        nccl = dist.get_backend(process_group) == "nccl"
+        self._comm_device = device if nccl else th.device("cpu")
+        self.ddp = nn.parallel.DistributedDataParallel(
+            net,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            process_group=process_group,
+            **self._ddp_options(),
+        )
+        self._empty_forward = empty_forward
+
+    def _ddp_options(self) -> Dict[str, Any]:
+        """Keyword arguments for ``DistributedDataParallel``: no buffer broadcast.
+
+        DDP would copy rank 0's norm statistics over every rank's before each
+        forward; here every rank computes the whole batch's statistics itself.
+        Buffers are still made equal once, when DDP is built.
+        """
+        # torch 2.13 splits broadcast_buffers (at init and in forward) into
+        # forward_sync_buffers (in forward only) and an init sync that stays on.
+        parameters = inspect.signature(nn.parallel.DistributedDataParallel).parameters
+        if "forward_sync_buffers" in parameters:
+            return {"forward_sync_buffers": False}
+        return {"broadcast_buffers": False}
+
+    def step(
+        self,
+        task: AccumulationTask[ChunkT],
+        chunks: Sequence[ChunkT],
+        *,
+        plan: StepPlan,
+        n_items: int,
+    ) -> StepResult:
+        """Runs this rank's share of one optimizer step.
+
+        Args:
+            task: Computes each chunk's outputs and loss.
+            chunks: This rank's share of the batch, split (may be empty).
+            n_items: Items in the whole batch, over all ranks.
+            plan: This rank's plan; its ``net_calls`` are summed over ranks.
+
+        Returns:
+            The step's full-batch figures (``item_losses``: this rank's only).
+        """
+        calls = int(self._global_sum(th.tensor(float(plan.net_calls))))
+        if self.norms.active:
+            # Always replay the norm update from every rank's moments, even when
+            # one call would update the layers itself: every rank must end with
+            # the same buffers, including ranks that see nothing.
+            calls = max(calls, 2)
+        try:
+            return super().step(
+                task,
+                chunks,
+                plan=dataclasses.replace(plan, net_calls=calls),
+                n_items=n_items,
+            )
+        except _OUT_OF_MEMORY as error:
+            # A single-process trainer redoes the step with smaller chunks; one
+            # rank redoing alone would desynchronize the ranks' collectives.
+            raise RuntimeError(
+                f"out of memory on rank {self.rank} with {len(chunks)} minibatches "
+                "of this rank's share: give a smaller memory_budget or "
+                "minibatch_size (steps are not redone under DDP)",
+            ) from error
+
+    def _chunk_context(
+        self, index: int, n_chunks: int
+    ) -> contextlib.AbstractContextManager:
+        return self.ddp.no_sync() if index < n_chunks - 1 else contextlib.nullcontext()
+
+    def _backward(self, loss: th.Tensor) -> None:
+        # DDP divides the summed gradient by the number of ranks; the losses are
+        # already divided by the whole batch's size.
+        super()._backward(loss * self.world_size)
+
+    def _global_sum(self, value: th.Tensor) -> th.Tensor:
+        total = value.detach().to(self._comm_device, th.float64, copy=True)
+        dist.all_reduce(total, group=self.process_group)
+        return total
+
+    def _join_without_items(self) -> None:
+        with rng.forked_rng(self.device), self.norms.frozen():
+            output = self._empty_forward(self.ddp)
+            self._backward(output.sum())
+
+    def _all_reduce_moments(
+        self,
+        moments: norm_replay.CallMoments,
+    ) -> norm_replay.CallMoments:
+        layers = self.norms.layers
+        calls = th.tensor([float(len(c)) for c in moments], device=self._comm_device)
+        dist.all_reduce(calls, op=dist.ReduceOp.MAX, group=self.process_group)
+        n_calls = [int(n) for n in calls.tolist()]
+        shapes = [tuple(layer.running_mean.shape) for layer in layers]
+        widths = [int(np.prod(shape)) for shape in shapes]
+        sizes = [n * (1 + 2 * w) for n, w in zip(n_calls, widths)]
+        local = th.zeros(sum(sizes), dtype=th.float64, device=self._comm_device)
+        offset = 0
+        for layer_moments, n, w in zip(moments, n_calls, widths):
+            for call in range(n):
+                if call < len(layer_moments):
+                    m = layer_moments[call]
+                    local[offset] = m.count
+                    local[offset + 1 : offset + 1 + w] = m.mean.reshape(-1)
+                    local[offset + 1 + w : offset + 1 + 2 * w] = m.m2.reshape(-1)
+                offset += 1 + 2 * w
+        gathered = [th.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(gathered, local, group=self.process_group)
+        merged: norm_replay.CallMoments = []
+        offset = 0
+        for n, w, shape in zip(n_calls, widths, shapes):
+            layer_calls = []
+            for _ in range(n):
+                total: Optional[norm_replay.Moments] = None
+                for buffer in gathered:  # in rank order, the same on every rank
+                    part = self._unpack_moments(buffer[offset : offset + 1 + 2 * w])
+                    if part is not None:
+                        part.mean = part.mean.reshape(shape)
+                        part.m2 = part.m2.reshape(shape)
+                        total = part if total is None else total.merge(part)
+                assert total is not None  # some rank made this call
+                layer_calls.append(total)
+                offset += 1 + 2 * w
+            merged.append(layer_calls)
+        return merged
+
+    def _unpack_moments(self, packed: th.Tensor) -> Optional[norm_replay.Moments]:
+        """``[count, mean..., m2...]`` as moments on the net's device; None if empty."""
+        count = int(packed[0])
+        if count == 0:
+            return None
+        mean, m2 = packed[1:].to(self.device).chunk(2)
+        return norm_replay.Moments(count, mean, m2)
+
+    def broadcast(self, values: Sequence[float], src: int = 0) -> Tuple[float, ...]:
+        """Rank ``src``'s ``values`` on every rank.
+
+        Args:
+            values: Numbers (only rank ``src``'s matter; same length everywhere).
+            src: The rank whose values win.
+
+        Returns:
+            The values of rank ``src``.
+        """
+        tensor = th.tensor(list(values), dtype=th.float64, device=self._comm_device)
+        dist.broadcast(tensor, src, group=self.process_group)
+        return tuple(tensor.tolist())

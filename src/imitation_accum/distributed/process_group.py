@@ -1,0 +1,247 @@
+"""The process group: joining it, this process's place in it, failures."""
+
+import contextlib
+import dataclasses
+import os
+from typing import (
+    Iterator,
+    Mapping,
+    Optional,
+    TypeVar,
+    Union,
+)
+
+import numpy as np
+import torch as th
+import torch.distributed as dist
+
+ChunkT = TypeVar("ChunkT")
+
+_TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class RankFailedError(RuntimeError):
+    """A process of a distributed job failed; the message names its rank."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedContext:
+    """Where this process stands in its job."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: th.device = dataclasses.field(default_factory=lambda: th.device("cpu"))
+    backend: Optional[str] = None
+    """``"gloo"`` or ``"nccl"``; ``None`` for a single process."""
+    owns_group: bool = False
+    """Whether :func:`init_distributed` created the process group."""
+
+    @property
+    def distributed(self) -> bool:
+        """Whether more than one process takes part."""
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is rank 0, the one that logs and writes files."""
+        return self.rank == 0
+
+
+def launched_by_torchrun(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether the environment describes a process group (as ``torchrun`` sets it).
+
+    Args:
+        environ: The environment (default: ``os.environ``).
+
+    Returns:
+        True if ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` are set.
+    """
+    env = os.environ if environ is None else environ
+    return all(name in env for name in _TORCHRUN_VARIABLES)
+
+
+def resolve_device(device: Union[str, th.device], local_rank: int = 0) -> th.device:
+    """The device this process trains on.
+
+    Args:
+        device: ``"auto"`` (this process's GPU if there is one, else the CPU),
+            ``"cuda"`` (this process's GPU), or any explicit device.
+        local_rank: The process's index on its machine, which picks its GPU.
+
+    Returns:
+        The device.
+
+    Raises:
+        ValueError: if ``device`` names no device, or CUDA is asked for but absent.
+    """
+    if isinstance(device, str) and device == "auto":
+        device = "cuda" if th.cuda.is_available() else "cpu"
+    try:
+        resolved = th.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(
+            f"device must be 'auto' or a torch device, got {device!r}"
+        ) from error
+    if resolved.type == "cuda":
+        if not th.cuda.is_available():
+            raise ValueError(f"device={device!r}, but CUDA is not available")
+        if resolved.index is None:
+            resolved = th.device("cuda", local_rank % th.cuda.device_count())
+    return resolved
+
+
+def backend_for(device: th.device) -> str:
+    """NCCL for GPUs, gloo otherwise."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_distributed(
+    device: Union[str, th.device] = "auto",
+    *,
+    backend: Optional[str] = None,
+) -> DistributedContext:
+    """Joins the process group described by the environment, if there is one.
+
+    Under ``torchrun`` this initializes ``torch.distributed`` (NCCL when training on
+    GPUs, gloo on CPUs, unless ``backend`` says otherwise) and selects this
+    process's GPU. An already initialized default group is used as it is. Without
+    either, nothing is initialized: a single process.
+
+    Args:
+        device: See :func:`resolve_device`.
+        backend: Force a backend.
+
+    Returns:
+        The process's context.
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    resolved = resolve_device(device, local_rank)
+    if resolved.type == "cuda":
+        th.cuda.set_device(resolved)
+    owns = False
+    if not dist.is_initialized() and launched_by_torchrun():
+        dist.init_process_group(backend or backend_for(resolved))
+        owns = True
+    if not dist.is_initialized():
+        return DistributedContext(device=resolved)
+    return DistributedContext(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        device=resolved,
+        backend=str(dist.get_backend()),
+        owns_group=owns,
+    )
+
+
+def shutdown_distributed(context: DistributedContext) -> None:
+    """Leaves the process group, if :func:`init_distributed` created it."""
+    if context.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _record_for_torchrun(error: BaseException) -> None:
+    # torchrun prints the error file of the first rank that failed in its summary.
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        from torch.distributed.elastic.multiprocessing import errors
+
+        errors.ErrorHandler().record_exception(error)
+
+
+@contextlib.contextmanager
+def reporting_failures(context: DistributedContext) -> Iterator[None]:
+    """Re-raises an error of a distributed run with this process's rank in it.
+
+    The error is also recorded for ``torchrun``, whose summary then names the
+    first rank that failed and its error; ``torchrun`` stops the other ranks and
+    exits non-zero. In a single process errors pass through unchanged.
+
+    Args:
+        context: This process's context.
+
+    Yields:
+        None.
+
+    Raises:
+        RankFailedError: from any exception of the block, in a distributed run.
+    """
+    try:
+        yield
+    except Exception as error:
+        if not context.distributed:
+            raise
+        failure = RankFailedError(
+            f"rank {context.rank} of {context.world_size} failed: "
+            f"{type(error).__name__}: {error}",
+        )
+        _record_for_torchrun(failure)
+        raise failure from error
+
+
+@contextlib.contextmanager
+def distributed_session(
+    device: Union[str, th.device] = "auto",
+    *,
+    backend: Optional[str] = None,
+) -> Iterator[DistributedContext]:
+    """:func:`init_distributed`, :func:`reporting_failures`, then a clean exit.
+
+    The process group is left only after a successful block: after a failure
+    another rank may still wait in a collective, and tearing NCCL down under it
+    can hang; the process is about to exit anyway.
+
+    Args:
+        device: See :func:`resolve_device`.
+        backend: Force a backend.
+
+    Yields:
+        This process's context.
+
+    Example:
+        >>> with distributed_session() as context:  # doctest: +SKIP
+        ...     trainer = DistributedRewardTrainer(model, loss, rng)
+        ...     trainer.train(dataset)
+    """
+    context = init_distributed(device, backend=backend)
+    with reporting_failures(context):
+        yield context
+    shutdown_distributed(context)
+
+
+def local_share(indices: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+    """Rank ``rank``'s contiguous share of ``indices``.
+
+    Shares differ in size by at most one (the first ranks get the extra items); a
+    rank gets none when there are fewer items than ranks.
+
+    Args:
+        indices: The batch.
+        rank: This process's rank.
+        world_size: Number of processes.
+
+    Returns:
+        A contiguous slice of ``indices``.
+    """
+    base, extra = divmod(len(indices), world_size)
+    start = rank * base + min(rank, extra)
+    return indices[start : start + base + (rank < extra)]
+
+
+def check_batch_size(name: str, batch_size: int, world_size: int) -> None:
+    """Checks that every rank gets at least one item of a full batch.
+
+    Args:
+        name: The argument's name, for the message.
+        batch_size: Items per batch.
+        world_size: Number of processes.
+
+    Raises:
+        ValueError: if ``batch_size < world_size``.
+    """
+    if batch_size < world_size:
+        raise ValueError(
+            f"{name}={batch_size} is smaller than the number of processes "
+            f"({world_size}): every process needs at least one pair of a full "
+            "batch. Raise the batch size or start fewer processes.",
+        )

@@ -1,0 +1,209 @@
+"""The preference reward trainer whose steps a process group shares."""
+
+import hashlib
+from typing import (
+    Any,
+    Optional,
+    TypeVar,
+)
+
+import numpy as np
+import torch as th
+import torch.distributed as dist
+from imitation.algorithms import preference_comparisons as pc
+from imitation.regularization import regularizers
+from imitation.util import logger as imit_logger
+from torch import nn
+from torch.utils import data as data_th
+
+from imitation_accum import _validation
+from imitation_accum.distributed.engine import DistributedGradientAccumulator
+from imitation_accum.distributed.process_group import check_batch_size, local_share
+from imitation_accum.engine.accumulator import GradientAccumulator
+from imitation_accum.engine.task import EvaluationResult
+from imitation_accum.preference import pair_table
+from imitation_accum.preference.trainer import CrossEntropyRewardTrainer
+from imitation_accum.preference.workload import PairWorkload
+
+ChunkT = TypeVar("ChunkT")
+
+
+class DistributedRewardTrainer(CrossEntropyRewardTrainer):
+    """A :class:`CrossEntropyRewardTrainer` that shares each step among processes.
+
+    Arguments and results are those of :class:`CrossEntropyRewardTrainer`; the
+    trained net, its norm statistics and every logged figure equal those of one
+    process training on the same data (up to float round-off). ``batch_size`` and
+    ``minibatch_size`` keep their meaning: ``batch_size`` pairs per optimizer step
+    over all ranks, at most ``minibatch_size`` pairs per forward/backward on each.
+
+    Every rank must build the trainer with the same arguments and an identically
+    seeded ``rng``, and call :meth:`train` with the same dataset. Outside a
+    process group (or in a group of one) this is a plain
+    :class:`CrossEntropyRewardTrainer`.
+
+    Only rank 0 shows a progress bar; give the other ranks a logger that writes
+    nothing worth keeping.
+
+    Args:
+        preference_model: As in :class:`CrossEntropyRewardTrainer`.
+        loss: As in :class:`CrossEntropyRewardTrainer`.
+        rng: As in :class:`CrossEntropyRewardTrainer`; seeded the same on every rank.
+        batch_size: As in :class:`CrossEntropyRewardTrainer`; at least the number of
+            processes.
+        minibatch_size: As in :class:`CrossEntropyRewardTrainer`.
+        epochs: As in :class:`CrossEntropyRewardTrainer`.
+        lr: As in :class:`CrossEntropyRewardTrainer`.
+        custom_logger: As in :class:`CrossEntropyRewardTrainer`.
+        regularizer_factory: As in :class:`CrossEntropyRewardTrainer`.
+        process_group: The group to share steps with (default: the default group,
+            if ``torch.distributed`` is initialized).
+        **kwargs: Further keyword arguments of :class:`CrossEntropyRewardTrainer`.
+
+    Raises:
+        ValueError: if ``batch_size`` is smaller than the number of processes, or
+            the ranks' generators are not seeded alike.
+
+    Example:
+        >>> # torchrun --nproc_per_node=2 train.py
+        >>> with distributed_session() as context:  # doctest: +SKIP
+        ...     trainer = DistributedRewardTrainer(
+        ...         pc.PreferenceModel(reward_net.to(context.device)),
+        ...         pc.CrossEntropyRewardLoss(),
+        ...         rng=np.random.default_rng(0),
+        ...         batch_size=64,
+        ...         minibatch_size=8,
+        ...     )
+        ...     trainer.train(dataset)
+    """
+
+    def __init__(
+        self,
+        preference_model: pc.PreferenceModel,
+        loss: pc.RewardLoss,
+        rng: np.random.Generator,
+        batch_size: int = 32,
+        minibatch_size: Optional[int] = None,
+        epochs: int = 1,
+        lr: float = 1e-3,
+        custom_logger: Optional[imit_logger.HierarchicalLogger] = None,
+        regularizer_factory: Optional[regularizers.RegularizerFactory] = None,
+        *,
+        process_group: Optional[dist.ProcessGroup] = None,
+        **kwargs: Any,
+    ) -> None:
+        self.process_group = process_group
+        distributed = dist.is_initialized()
+        self.world_size = dist.get_world_size(process_group) if distributed else 1
+        self.rank = dist.get_rank(process_group) if distributed else 0
+        check_batch_size(
+            "batch_size",
+            _validation.positive_int("batch_size", batch_size),
+            self.world_size,
+        )
+        if self.rank != 0:
+            kwargs["progress_bar"] = False
+        self._agreed = False  # whether the ranks share rank 0's forward size
+        super().__init__(
+            preference_model,
+            loss,
+            rng,
+            batch_size,
+            minibatch_size,
+            epochs,
+            lr,
+            custom_logger,
+            regularizer_factory,
+            **kwargs,
+        )
+        if self.distributed:
+            self._check_same_rng()
+
+    @property
+    def distributed(self) -> bool:
+        """Whether steps are shared with other processes."""
+        return self.world_size > 1
+
+    def _make_engine(self) -> GradientAccumulator:
+        if not self.distributed:
+            return super()._make_engine()
+        engine: DistributedGradientAccumulator = DistributedGradientAccumulator(
+            self._preference_model.model,
+            self.optim,
+            empty_forward=self._empty_forward,
+            process_group=self.process_group,
+            regularizer=self.regularizer,
+            max_grad_norm=self.max_grad_norm,
+        )
+        # preprocess stays on the net; the call itself goes through DDP.
+        self._task.call_target = engine.ddp
+        return engine
+
+    def _local_items(self, indices: np.ndarray) -> np.ndarray:
+        return local_share(indices, self.rank, self.world_size)
+
+    def _empty_forward(self, module: nn.Module) -> th.Tensor:
+        """``module`` (the net, through DDP) on zero transitions."""
+        net = self._task.net
+        obs_space, act_space = net.observation_space, net.action_space
+        obs = np.zeros((0, *(obs_space.shape or ())), dtype=obs_space.dtype)
+        acts = np.zeros((0, *(act_space.shape or ())), dtype=act_space.dtype)
+        dones = np.zeros(0, dtype=bool)
+        return module(*net.preprocess(obs, acts, obs, dones))
+
+    def _check_same_rng(self) -> None:
+        state = repr(self.rng.bit_generator.state).encode()
+        digest = int.from_bytes(hashlib.sha256(state).digest()[:7], "little")
+        mine = th.tensor([digest], dtype=th.int64, device=self._comm_device)
+        everyone = [th.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(everyone, mine, group=self.process_group)
+        differing = [r for r, d in enumerate(everyone) if int(d) != int(everyone[0])]
+        if differing:
+            raise ValueError(
+                "rng must be seeded identically on every process (each draws the "
+                f"same batches and computes its share); ranks {differing} differ "
+                "from rank 0",
+            )
+
+    @property
+    def _comm_device(self) -> th.device:
+        engine = self.engine
+        assert isinstance(engine, DistributedGradientAccumulator)
+        return engine._comm_device
+
+    def _train(self, dataset: data_th.Dataset, epoch_multiplier: float = 1.0) -> None:
+        self._agree_on_forward_size(dataset)
+        super()._train(dataset, epoch_multiplier)
+
+    def evaluate(self, dataset: data_th.Dataset) -> EvaluationResult:
+        """As :meth:`CrossEntropyRewardTrainer.evaluate`; every rank must call it."""
+        self._agree_on_forward_size(dataset)
+        return super().evaluate(dataset)
+
+    def _agree_on_forward_size(self, dataset: data_th.Dataset) -> None:
+        """Tunes ``forward_size="auto"`` on rank 0 and gives every rank its choice.
+
+        Each rank timing its own calls would choose differently from run to run and
+        rank to rank; one choice everywhere keeps a run reproducible from the
+        ``forward_size`` that rank 0 logs. Tuned once, on a minibatch of the first
+        pairs of the first dataset trained or evaluated on; every rank's planner
+        then holds rank 0's result.
+        """
+        if not self.distributed or self.forward_size != "auto" or self._agreed:
+            return
+        table = pair_table.read_preferences(dataset)
+        self._task.refresh_device()
+        share = -(-self.batch_size // self.world_size)
+        first = np.arange(min(len(table), self.minibatch_size or share))
+        workload = PairWorkload.of(self._task, table, first, self.engine)
+        sizes = self.planner.forward_sizes
+        proposal = (0.0, 0.0)
+        if self.rank == 0:
+            limit = int(table.lengths[first].sum())
+            size = self.planner.call_size(limit, workload)
+            proposal = (float(size), float(sizes.found[workload.key][1]))
+        engine = self.engine
+        assert isinstance(engine, DistributedGradientAccumulator)
+        agreed_size, at_limit = engine.broadcast(proposal)
+        sizes.found[workload.key] = (int(agreed_size), bool(at_limit))
+        self._agreed = True

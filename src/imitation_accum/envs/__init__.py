@@ -1,0 +1,1 @@
+"""Environments: Atari with SB3's preprocessing."""

@@ -1,0 +1,1 @@
+"""The code that touches imitation's names: ``patch()`` and demonstrations."""

@@ -1,0 +1,1 @@
+"""Files: safe loading of reward nets, atomic writes, resumable training state."""

@@ -1,0 +1,95 @@
+"""Atomic files: a reader sees the old file or the new one, never a part of one.
+
+A file is written to a temporary file in the same directory, flushed and
+``fsync``-ed, then ``os.replace``-d over the target.
+"""
+
+import contextlib
+import os
+import pathlib
+import secrets
+from typing import Any, List, Tuple, Union
+
+import torch as th
+
+AnyPath = Union[str, os.PathLike]
+
+#: Suffix of the temporary files atomic writes go through.
+TEMPORARY_SUFFIX = ".partial"
+
+
+def _fsync_directory(directory: pathlib.Path) -> None:
+    # Makes the rename itself durable; not every platform can open a directory.
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_save(obj: Any, path: AnyPath) -> pathlib.Path:
+    """``th.save(obj, path)``, such that ``path`` never holds a partial file.
+
+    The object is written to a temporary file next to ``path`` (same directory,
+    hence same file system), flushed and ``fsync``-ed, then renamed over ``path``
+    with ``os.replace``. If anything fails the temporary file is removed and any
+    earlier file at ``path`` is left as it was.
+
+    Args:
+        obj: What to save.
+        path: Where; parent directories are created.
+
+    Returns:
+        ``path`` as a ``pathlib.Path``.
+    """
+    target = pathlib.Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = _make_temporary(target)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            th.save(obj, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    _fsync_directory(target.parent)
+    return target
+
+
+def _make_temporary(target: pathlib.Path) -> Tuple[int, str]:
+    # Like tempfile.mkstemp, but with the permissions th.save would give (the
+    # umask applies) rather than owner-only ones.
+    while True:
+        name = f".{target.name}.{secrets.token_hex(6)}{TEMPORARY_SUFFIX}"
+        path = target.parent / name
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), str(path)
+        except FileExistsError:
+            continue
+
+
+def remove_stale_temporaries(path: AnyPath) -> List[pathlib.Path]:
+    """Deletes temporary files left by an atomic write to ``path`` that was killed.
+
+    A process killed by a signal in the middle of :func:`atomic_save` cannot clean
+    up; its temporary file is harmless (``path`` itself is intact) but useless.
+
+    Args:
+        path: The target path of earlier atomic writes.
+
+    Returns:
+        The files removed.
+    """
+    target = pathlib.Path(path)
+    if not target.parent.is_dir():
+        return []
+    removed = []
+    for stale in target.parent.glob(f".{target.name}.*{TEMPORARY_SUFFIX}"):
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
+            removed.append(stale)
+    return removed

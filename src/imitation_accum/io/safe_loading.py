@@ -1,0 +1,237 @@
+"""Reward nets saved in imitation's format, and loaded safely.
+
+A reward net is saved as imitation saves it (``th.save`` of the whole module),
+atomically: it loads with imitation's ``imitation.rewards.serialize.load_reward``
+and with :func:`load_reward_net`.
+
+torch 2.6 and later load with ``weights_only=True`` by default, which refuses the
+pickled module imitation 1.0.1 saves and loads, so ``load_reward`` fails on every
+reward net. A file format that both keeps imitation's loader working and avoids
+pickled classes does not exist (a TorchScript archive is refused by
+``weights_only`` loading, a ``state_dict`` is not a module), so importing this
+module (which ``import imitation_accum`` does) registers, with
+``torch.serialization.add_safe_globals``, the classes that a reward net built from
+imitation's and torch's layers pickles: imitation's reward nets and norm layers,
+torch's ``nn`` layers, gymnasium's spaces and the numpy types they hold. Nothing
+else is allowed, so loading stays safe; a net of another class needs
+:func:`register_safe_classes` (or, for a trusted file, ``weights_only=False``).
+"""
+
+import copy
+import importlib
+import inspect
+import pathlib
+import pickle
+import warnings
+from typing import Any, Callable, List, Mapping, Tuple, Union
+
+import gymnasium as gym
+import numpy as np
+import torch as th
+from imitation.algorithms.adversarial import gail
+from imitation.rewards import reward_nets
+from imitation.util import networks
+from torch import nn
+
+from imitation_accum.io.atomic import AnyPath, atomic_save
+from imitation_accum.nets import shaped as accum_reward_nets
+
+SafeGlobal = Union[Callable[..., Any], Tuple[Callable[..., Any], str]]
+
+
+def _module_classes(namespace: Mapping[str, Any]) -> List[type]:
+    return [
+        value
+        for value in namespace.values()
+        if inspect.isclass(value) and issubclass(value, nn.Module)
+    ]
+
+
+def _numpy_globals() -> List[SafeGlobal]:
+    """What gymnasium spaces pickle: arrays, dtypes, scalars and their generators."""
+    from numpy.random import _pickle as random_pickle
+    from numpy.random import bit_generator
+
+    try:
+        multiarray = importlib.import_module("numpy._core.multiarray")
+    except ImportError:  # numpy 1.x
+        multiarray = importlib.import_module("numpy.core.multiarray")
+    found: List[SafeGlobal] = [np.ndarray, np.dtype]
+    for name in ("_reconstruct", "scalar"):
+        function = getattr(multiarray, name)
+        found.append(function)
+        # Files written under numpy 1.x name these numpy.core.multiarray.*.
+        found.append((function, f"numpy.core.multiarray.{name}"))
+    found += [v for v in vars(np.dtypes).values() if inspect.isclass(v)]
+    found += [
+        np.random.Generator,
+        np.random.PCG64,
+        np.random.PCG64DXSM,
+        np.random.MT19937,
+        np.random.Philox,
+        np.random.SFC64,
+        bit_generator.SeedSequence,
+    ]
+    found += [
+        getattr(random_pickle, name)
+        for name in ("__generator_ctor", "__bit_generator_ctor")
+        if hasattr(random_pickle, name)
+    ]
+    unpickle_seed = getattr(bit_generator, "__pyx_unpickle_SeedSequence", None)
+    if unpickle_seed is not None:
+        found.append(unpickle_seed)
+    return found
+
+
+def default_safe_globals() -> List[SafeGlobal]:
+    """The classes and functions a reward net of imitation's kinds pickles.
+
+    Returns:
+        imitation's and this package's reward-net classes (GAIL's
+        discriminator-logit reward too), imitation's norm layers, every
+        ``torch.nn`` layer,
+        gymnasium's array spaces and the numpy types and generator constructors
+        that they hold.
+    """
+    found: List[SafeGlobal] = []
+    found += _module_classes(vars(reward_nets))
+    # This package's nets (AIRL's shaped CNN on frames) load like imitation's.
+    found += _module_classes(vars(accum_reward_nets))
+    # GAIL's reward_train.pt: the discriminator seen as a reward.
+    found.append(gail.RewardNetFromDiscriminatorLogit)
+    found += _module_classes(vars(networks))
+    found += _module_classes(vars(nn))
+    found += [
+        gym.spaces.Box,
+        gym.spaces.Discrete,
+        gym.spaces.MultiDiscrete,
+        gym.spaces.MultiBinary,
+    ]
+    found += _numpy_globals()
+    return found
+
+
+def register_safe_classes(*classes: SafeGlobal) -> None:
+    """Lets ``torch.load(weights_only=True)`` rebuild objects of ``classes``.
+
+    Call it, before loading, for a reward net of a class of your own (and any
+    class it holds): imitation's loader and :func:`load_reward_net` then load it.
+
+    Args:
+        *classes: Classes or functions, or ``(object, "module.name")`` pairs.
+
+    Example:
+        >>> register_safe_classes(MyRewardNet)  # doctest: +SKIP
+    """
+    th.serialization.add_safe_globals(list(classes))
+
+
+register_safe_classes(*default_safe_globals())
+
+
+def unwrapped(net: nn.Module) -> nn.Module:
+    """``net`` without a ``DistributedDataParallel`` (or ``DataParallel``) wrapper."""
+    inner = getattr(net, "module", None)
+    return inner if isinstance(inner, nn.Module) else net
+
+
+def save_reward_net(net: nn.Module, path: AnyPath) -> pathlib.Path:
+    """Saves ``net`` as imitation does (the whole module), atomically, on the CPU.
+
+    imitation's ``train_preference_comparisons`` writes ``th.save(net, path)``; so
+    does this, from a CPU copy so that the file loads on a machine without the
+    training device. A ``DistributedDataParallel`` wrapper is removed first.
+
+    Args:
+        net: The reward net.
+        path: Where to save it (``.../reward_net.pt`` by imitation's convention).
+
+    Returns:
+        ``path`` as a ``pathlib.Path``.
+
+    Raises:
+        TypeError: if ``net`` is not an imitation ``RewardNet``.
+    """
+    net = unwrapped(net)
+    if not isinstance(net, reward_nets.RewardNet):
+        raise TypeError(f"net must be an imitation RewardNet, got {type(net).__name__}")
+    target = atomic_save(copy.deepcopy(net).to("cpu"), path)
+    unknown = unsafe_globals(target)
+    if unknown:
+        warnings.warn(
+            f"{target} holds classes that torch.load(weights_only=True) refuses: "
+            f"{', '.join(unknown)}. Call imitation_accum.checkpoint."
+            "register_safe_classes with them before loading the file.",
+            stacklevel=2,
+        )
+    return target
+
+
+def unsafe_globals(path: AnyPath) -> List[str]:
+    """Globals in a saved file that ``weights_only`` loading does not allow yet.
+
+    Args:
+        path: A file written by ``th.save``.
+
+    Returns:
+        Their qualified names; empty if the file loads with ``weights_only=True``
+        (and for files torch cannot read, or on torch versions that cannot tell).
+    """
+    finder = getattr(th.serialization, "get_unsafe_globals_in_checkpoint", None)
+    if finder is None:  # torch < 2.5
+        return []
+    try:
+        return sorted(finder(str(path)))
+    except Exception:  # not a torch.save file: nothing to name
+        return []
+
+
+def load_reward_net(
+    path: AnyPath,
+    *,
+    map_location: Union[str, th.device, None] = "cpu",
+    weights_only: bool = True,
+) -> reward_nets.RewardNet:
+    """Loads a reward net saved by imitation or by :func:`save_reward_net`.
+
+    Args:
+        path: A file holding a whole reward-net module (imitation's format).
+        map_location: Where to put its tensors (default: the CPU).
+        weights_only: Keep ``torch.load``'s safe loading, which rebuilds only
+            registered classes (see :func:`register_safe_classes`). ``False``
+            runs arbitrary code from the file: only for files you trust.
+
+    Returns:
+        The reward net, in evaluation mode as imitation's loaders leave it.
+
+    Raises:
+        ValueError: if ``path`` does not exist, cannot be read or holds classes
+            that are not registered (named in the message).
+        TypeError: if the file holds something other than a ``RewardNet``.
+    """
+    source = pathlib.Path(path)
+    if not source.is_file():
+        raise ValueError(f"reward net file {str(source)!r} does not exist")
+    try:
+        net = th.load(source, map_location=map_location, weights_only=weights_only)
+    except pickle.UnpicklingError as error:
+        unknown = unsafe_globals(source)
+        detail = f" It holds unregistered classes: {', '.join(unknown)}." * bool(
+            unknown
+        )
+        raise ValueError(
+            f"cannot load the reward net in {str(source)!r} with "
+            f"weights_only={weights_only}.{detail} Register its classes with "
+            "imitation_accum.checkpoint.register_safe_classes, or pass "
+            "weights_only=False if you trust the file.",
+        ) from error
+    except Exception as error:
+        raise ValueError(
+            f"cannot read the reward net in {str(source)!r}: "
+            f"{type(error).__name__}: {error}",
+        ) from error
+    if not isinstance(net, reward_nets.RewardNet):
+        raise TypeError(
+            f"{str(source)!r} holds a {type(net).__name__}, not an imitation RewardNet",
+        )
+    return net.eval()

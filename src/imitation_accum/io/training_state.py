@@ -1,0 +1,223 @@
+"""The training state: everything needed to continue training where it stopped.
+
+It holds only tensors and plain Python values, so it loads with
+``torch.load(weights_only=True)`` without any registration, and is written
+atomically (:mod:`imitation_accum.io.atomic`).
+"""
+
+import copy
+import dataclasses
+import pathlib
+from typing import Any, Dict, Mapping, Optional
+
+import torch as th
+from imitation.algorithms import preference_comparisons as pc
+from torch import nn
+
+from imitation_accum.io.atomic import AnyPath, atomic_save
+from imitation_accum.io.safe_loading import unwrapped
+
+#: Name of the training state in a run's ``checkpoints`` directory.
+TRAINING_STATE_NAME = "training_state.pt"
+_STATE_FORMAT = "imitation_accum.training_state"
+_STATE_VERSION = 1
+
+
+@dataclasses.dataclass
+class TrainingState:
+    """Everything a run needs to continue after ``epoch`` completed epochs."""
+
+    epoch: int
+    """Epochs completed."""
+    net_class: str
+    """Qualified class name of the reward net."""
+    net_state: Dict[str, th.Tensor]
+    """The reward net's ``state_dict`` (parameters and norm buffers)."""
+    optimizer_class: str
+    """Qualified class name of the optimizer."""
+    optimizer_state: Dict[str, Any]
+    """The optimizer's ``state_dict``."""
+    rng_state: Dict[str, Any]
+    """The trainer's numpy generator (``bit_generator.state``)."""
+    torch_rng_state: th.Tensor
+    """torch's CPU generator (dropout)."""
+    regularizer_lambda: Optional[float] = None
+    """The regularizer's lambda, which its updater changes during training."""
+    metadata: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Plain values describing the run (dataset size, split), checked on resume."""
+
+
+def _qualified_name(obj: object) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def capture_state(
+    trainer: pc.BasicRewardTrainer,
+    *,
+    epoch: int,
+    metadata: Optional[Mapping[str, Any]] = None,
+) -> TrainingState:
+    """The training state of ``trainer`` after ``epoch`` completed epochs.
+
+    Args:
+        trainer: A reward trainer with ``optim``, ``rng`` and ``regularizer``.
+        epoch: Epochs completed.
+        metadata: Plain values to check on resume.
+
+    Returns:
+        Copies of the state, safe to write while training goes on.
+    """
+    net = unwrapped(trainer._preference_model.model)
+    regularizer = getattr(trainer, "regularizer", None)
+    return TrainingState(
+        epoch=int(epoch),
+        net_class=_qualified_name(net),
+        net_state={k: v.detach().cpu().clone() for k, v in net.state_dict().items()},
+        optimizer_class=_qualified_name(trainer.optim),
+        optimizer_state=copy.deepcopy(trainer.optim.state_dict()),
+        rng_state=copy.deepcopy(dict(trainer.rng.bit_generator.state)),
+        torch_rng_state=th.get_rng_state(),
+        regularizer_lambda=None if regularizer is None else float(regularizer.lambda_),
+        metadata=dict(metadata or {}),
+    )
+
+
+def save_training_state(state: TrainingState, path: AnyPath) -> pathlib.Path:
+    """Writes ``state`` to ``path`` atomically.
+
+    Args:
+        state: What to save.
+        path: Where.
+
+    Returns:
+        ``path`` as a ``pathlib.Path``.
+    """
+    payload = {"format": _STATE_FORMAT, "version": _STATE_VERSION}
+    payload.update(dataclasses.asdict(state))
+    return atomic_save(payload, path)
+
+
+def load_training_state(path: AnyPath) -> TrainingState:
+    """Reads a state written by :func:`save_training_state`.
+
+    Args:
+        path: The file.
+
+    Returns:
+        The state, tensors on the CPU.
+
+    Raises:
+        ValueError: if the file is missing, unreadable or not a training state.
+    """
+    source = pathlib.Path(path)
+    if not source.is_file():
+        raise ValueError(f"checkpoint {str(source)!r} does not exist")
+    try:
+        payload = th.load(source, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ValueError(
+            f"cannot read checkpoint {str(source)!r}: {type(error).__name__}: {error}",
+        ) from error
+    if not isinstance(payload, dict) or payload.get("format") != _STATE_FORMAT:
+        raise ValueError(
+            f"{str(source)!r} is not a training state written by imitation_accum "
+            "(for a reward net alone, use load_reward_net)",
+        )
+    if payload.get("version") != _STATE_VERSION:
+        raise ValueError(
+            f"checkpoint {str(source)!r} has format version "
+            f"{payload.get('version')}; this version reads {_STATE_VERSION}",
+        )
+    fields = {f.name for f in dataclasses.fields(TrainingState)}
+    missing = fields - set(payload)
+    if missing:
+        raise ValueError(
+            f"checkpoint {str(source)!r} lacks {', '.join(sorted(missing))}",
+        )
+    return TrainingState(**{k: payload[k] for k in fields})
+
+
+def check_fits(state: TrainingState, net: nn.Module, path: AnyPath) -> None:
+    """Checks that ``state`` was saved from a net of ``net``'s architecture.
+
+    Args:
+        state: A loaded training state.
+        net: The reward net to restore into.
+        path: The checkpoint's path, for messages.
+
+    Raises:
+        ValueError: naming ``path`` and the first differing key, if the class, the
+            parameter and buffer names or their shapes differ.
+    """
+    net = unwrapped(net)
+    here = net.state_dict()
+    where = f"checkpoint {str(path)!r}"
+    if state.net_class != _qualified_name(net):
+        raise ValueError(
+            f"{where} holds a {state.net_class}, but the reward net is a "
+            f"{_qualified_name(net)}",
+        )
+    for key in sorted(state.net_state.keys() - here.keys()):
+        raise ValueError(f"{where} has key {key!r}, which the reward net lacks")
+    for key in sorted(here.keys() - state.net_state.keys()):
+        raise ValueError(f"{where} lacks key {key!r} of the reward net")
+    for key, value in here.items():
+        saved = state.net_state[key]
+        if tuple(saved.shape) != tuple(value.shape):
+            raise ValueError(
+                f"{where}: key {key!r} has shape {tuple(saved.shape)} there but "
+                f"{tuple(value.shape)} in the reward net (another architecture)",
+            )
+
+
+def restore_state(
+    trainer: pc.BasicRewardTrainer,
+    state: TrainingState,
+    path: AnyPath,
+) -> None:
+    """Puts ``state`` back into ``trainer``: net, optimizer, generators, lambda.
+
+    Args:
+        trainer: The trainer to restore; built as for the run that saved ``state``.
+        state: A loaded training state.
+        path: The checkpoint's path, for messages.
+
+    Raises:
+        ValueError: naming ``path`` and what differs, if the state does not fit the
+            trainer (architecture, optimizer, generator kind, regularizer).
+    """
+    net = unwrapped(trainer._preference_model.model)
+    check_fits(state, net, path)
+    where = f"checkpoint {str(path)!r}"
+    if state.optimizer_class != _qualified_name(trainer.optim):
+        raise ValueError(
+            f"{where} holds {state.optimizer_class} state, but the trainer's "
+            f"optimizer is a {_qualified_name(trainer.optim)}",
+        )
+    kind = trainer.rng.bit_generator.state["bit_generator"]
+    if state.rng_state.get("bit_generator") != kind:
+        raise ValueError(
+            f"{where} holds the state of a {state.rng_state.get('bit_generator')} "
+            f"generator, but the trainer's rng is a {kind}",
+        )
+    regularizer = getattr(trainer, "regularizer", None)
+    if (regularizer is None) != (state.regularizer_lambda is None):
+        raise ValueError(
+            f"{where} was saved "
+            f"{'with' if state.regularizer_lambda is not None else 'without'} a "
+            "regularizer, but this run is configured "
+            f"{'with' if regularizer is not None else 'without'} one",
+        )
+    with th.no_grad():
+        net.load_state_dict(state.net_state)
+    try:
+        trainer.optim.load_state_dict(state.optimizer_state)
+    except (ValueError, KeyError) as error:
+        raise ValueError(
+            f"{where}: its optimizer state does not fit: {error}"
+        ) from error
+    trainer.rng.bit_generator.state = state.rng_state
+    th.set_rng_state(state.torch_rng_state)
+    if regularizer is not None:
+        regularizer.lambda_ = state.regularizer_lambda

@@ -1,0 +1,1 @@
+"""Reward nets and the preparation of their inputs."""

@@ -1,0 +1,265 @@
+"""Memory budgets: parsing, ``"auto"``, and what training state needs.
+
+A ``memory_budget`` bounds what training the reward net holds on its device:
+parameters, their gradients, the optimizer's state, and one step's activations
+and temporaries. The preference data already in memory is not counted.
+"""
+
+import math
+import os
+import re
+from typing import (
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Tuple,
+    Union,
+)
+
+import numpy as np
+import torch as th
+
+#: What a ``memory_budget`` argument may hold once checked.
+Budget = Union[int, str]
+
+AUTO = "auto"
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_BUDGET_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+#: Share of the free memory an ``"auto"`` budget takes, per device type: other
+#: processes (and, on a CPU, the page cache they need) keep the rest.
+AUTO_FRACTION = {"cuda": 0.85, "cpu": 0.7}
+
+#: Optimizer state per parameter, in parameter-sized tensors, for optimizers that
+#: have not stepped yet (an unknown optimizer is assumed to keep two).
+_STATE_TENSORS = {
+    "SGD": 1,  # momentum buffer (only with momentum; counted anyway)
+    "Adam": 2,
+    "AdamW": 2,
+    "Adamax": 2,
+    "NAdam": 2,
+    "RAdam": 2,
+    "Adagrad": 1,
+    "Adadelta": 2,
+    "RMSprop": 3,  # square average, momentum buffer, grad average (centered)
+}
+
+
+def parse_budget(value: object, name: str = "memory_budget") -> Optional[Budget]:
+    """Checks a memory budget: bytes, a size string or ``"auto"``.
+
+    Args:
+        value: ``None``, a positive number of bytes, a string such as ``"6GiB"``,
+            ``"500MB"`` or ``"1.5 GB"`` (units B, KB, MB, GB, TB in powers of 1000,
+            KiB, MiB, GiB, TiB in powers of 1024; case-insensitive), or ``"auto"``.
+        name: The argument's name, for error messages.
+
+    Returns:
+        ``None``, a number of bytes, or ``"auto"``.
+
+    Raises:
+        ValueError: if the value is of another type, does not parse, or is not
+            positive.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be bytes, a size such as '6GiB', or 'auto'")
+    if isinstance(value, str):
+        if value.strip().lower() == AUTO:
+            return AUTO
+        match = _BUDGET_PATTERN.match(value)
+        unit = match.group(2).lower() if match else ""
+        if match is None or unit not in _UNITS:
+            raise ValueError(
+                f"{name}={value!r} does not parse: give bytes, a size such as "
+                "'6GiB' or '500MB' (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), "
+                "or 'auto'",
+            )
+        number = float(match.group(1)) * _UNITS[unit]
+    elif isinstance(value, (int, float, np.integer, np.floating)):
+        number = float(value)
+    else:
+        raise ValueError(
+            f"{name} must be bytes, a size such as '6GiB', or 'auto'; got "
+            f"{type(value).__name__}",
+        )
+    if not math.isfinite(number) or number < 1:
+        raise ValueError(f"{name} must be a positive size, got {value!r}")
+    return int(number)
+
+
+def format_bytes(n_bytes: float) -> str:
+    """``n_bytes`` in the largest binary unit that keeps it at least 1."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n_bytes) >= size:
+            return f"{n_bytes / size:.2f} {unit}"
+    return f"{n_bytes:.0f} B"
+
+
+def _meminfo_available() -> Optional[int]:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _cgroup_available() -> Optional[int]:
+    # A container's limit (cgroup v2) may be far below what the host offers.
+    try:
+        with open("/sys/fs/cgroup/memory.max") as limit_file:
+            limit = limit_file.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as current_file:
+            current = int(current_file.read().strip())
+    except (OSError, ValueError):
+        return None
+    if limit == "max":
+        return None
+    return max(0, int(limit) - current)
+
+
+def available_bytes(device: th.device) -> int:
+    """Memory that training on ``device`` could still take.
+
+    Args:
+        device: The reward net's device.
+
+    Returns:
+        On CUDA, the device's free memory plus what PyTorch's caching allocator
+        holds unused; elsewhere the host's available memory (``MemAvailable`` of
+        ``/proc/meminfo``, or a container's remaining limit if lower).
+
+    Raises:
+        ValueError: if the host's available memory cannot be read.
+    """
+    if device.type == "cuda":
+        free, _ = th.cuda.mem_get_info(device)
+        cached = th.cuda.memory_reserved(device) - th.cuda.memory_allocated(device)
+        return int(free + cached)
+    candidates = [x for x in (_meminfo_available(), _cgroup_available()) if x]
+    if not candidates:
+        try:
+            pages = os.sysconf("SC_AVPHYS_PAGES")
+            page_size = os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            raise ValueError(
+                "memory_budget='auto' cannot read this host's available memory; "
+                "give the budget in bytes",
+            ) from None
+        candidates = [int(pages * page_size)]
+    return min(candidates)
+
+
+def tensor_bytes(tensors: Iterable[th.Tensor]) -> int:
+    """Bytes held by ``tensors`` (counted once per storage)."""
+    storages: Dict[Tuple[str, int], int] = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        storages[(str(tensor.device), storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
+
+
+def training_state_bytes(optimizer: th.optim.Optimizer) -> int:
+    """Parameters, gradients and optimizer state that training keeps on the device.
+
+    Optimizer state that does not exist yet (before the first step) is estimated
+    from the optimizer's class (two parameter-sized tensors for Adam/AdamW; two
+    for an optimizer this function does not know).
+
+    Args:
+        optimizer: The optimizer of the reward net.
+
+    Returns:
+        Bytes.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    param_bytes = tensor_bytes(params)
+    state_tensors = [
+        value
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, th.Tensor) and value.numel() > 1
+    ]
+    per_param = _STATE_TENSORS.get(type(optimizer).__name__, 2)
+    if any(g.get("amsgrad") for g in optimizer.param_groups):
+        per_param += 1
+    state_bytes = max(tensor_bytes(state_tensors), per_param * param_bytes)
+    return 2 * param_bytes + state_bytes  # parameters, gradients, state
+
+
+def resolve_budget(
+    budget: Budget,
+    device: th.device,
+    resident_bytes: int,
+) -> int:
+    """The budget in bytes; ``"auto"`` takes a share of the free memory.
+
+    Args:
+        budget: Bytes or ``"auto"``.
+        device: The reward net's device.
+        resident_bytes: Training state already allocated on the device (it is
+            part of what the budget covers, but no longer free).
+
+    Returns:
+        Bytes.
+    """
+    if budget != AUTO:
+        return int(budget)
+    fraction = AUTO_FRACTION.get(device.type, AUTO_FRACTION["cuda"])
+    return int(fraction * available_bytes(device)) + resident_bytes
+
+
+def resident_training_bytes(optimizer: th.optim.Optimizer) -> int:
+    """Parameters, gradients and optimizer state already allocated."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    tensors: List[th.Tensor] = list(params)
+    tensors += [p.grad for p in params if p.grad is not None]
+    tensors += [
+        value
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, th.Tensor)
+    ]
+    return tensor_bytes(tensors)
+
+
+def check_holds_training_state(
+    memory_budget: Optional[Budget],
+    optimizer: th.optim.Optimizer,
+    what: str = "the parameters, their gradients and the optimizer state",
+) -> None:
+    """Checks that a budget in bytes holds the training state, before training.
+
+    Args:
+        memory_budget: The parsed budget (``None`` and ``"auto"`` pass).
+        optimizer: The optimizer of the parameters.
+        what: What the state is, for the message.
+
+    Raises:
+        ValueError: if the budget is smaller.
+    """
+    if not isinstance(memory_budget, int):
+        return
+    needed = training_state_bytes(optimizer)
+    if memory_budget < needed:
+        raise ValueError(
+            f"memory_budget={format_bytes(memory_budget)} is smaller than the "
+            f"{format_bytes(needed)} that {what} need",
+        )

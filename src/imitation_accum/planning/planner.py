@@ -1,0 +1,379 @@
+"""The planner: one object per trainer that decides every step's plan.
+
+Given the lengths of a batch's items, ``minibatch_size``, the memory cap (from a
+``memory_budget``, lowered after an out-of-memory error), ``forward_size`` and a
+:class:`Workload` it may run to measure, :meth:`Planner.plan` returns the
+immutable :class:`~imitation_accum.planning.plan.StepPlan` of a training step and
+:meth:`Planner.plan_evaluation` that of a no-grad evaluation. Every trainer of the
+package (preference, single process and DDP; AIRL/GAIL; validation; evaluation)
+plans with it, and :meth:`Planner.run` is the one out-of-memory retry: roll back
+(the engine does), halve, redo.
+
+Two passes are chosen when one item alone exceeds the memory cap, when asked for
+(``two_pass=True``), or when measured faster: when calls are smaller than a chunk,
+one pass keeps the graphs of all of a chunk's calls alive until its backward,
+while two passes free each call's graph at once at the price of one more forward
+without gradient. With ``forward_size="auto"`` the planner times both on the first
+chunk of the first batch, chooses the faster and logs the choice.
+"""
+
+from typing import (
+    Callable,
+    ContextManager,
+    Dict,
+    Hashable,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+)
+
+import numpy as np
+import torch as th
+
+from imitation_accum.planning import budget, oom, probe
+from imitation_accum.planning.forward_size import (
+    TUNING_TRANSITIONS,
+    ForwardSizes,
+    time_forward_backward,
+    time_passes,
+)
+from imitation_accum.planning.plan import StepPlan, pair_chunks
+
+#: Two passes are chosen for speed only if they take under this share of one pass.
+TWO_PASS_MARGIN = 0.9
+
+ResultT = TypeVar("ResultT")
+#: ``call(start, stop)``: one reward-net call on transitions ``[start, stop)``.
+NetCall = Callable[[int, int], th.Tensor]
+
+
+class Workload(Protocol):
+    """What the planner may run to measure: reward-net calls on the batch's data."""
+
+    key: Hashable
+    """What timings depend on (net architecture, input, device, precision)."""
+
+    @property
+    def device(self) -> th.device:
+        """Where the calls run."""
+
+    @property
+    def params(self) -> Sequence[th.Tensor]:
+        """The parameters the calls differentiate with respect to."""
+
+    def sample(self, n_transitions: int) -> Tuple[NetCall, int]:
+        """Calls over the first items holding at least ``n_transitions``.
+
+        Returns:
+            The call and the number of transitions it may run (fewer than asked
+            when the batch holds fewer).
+        """
+
+    def measuring(self, *, checkpointing: bool = True) -> ContextManager[None]:
+        """Context of measuring calls: no trace on the RNG or norm statistics."""
+
+
+def _no_log(message: str) -> None:
+    del message
+
+
+class Planner:
+    """Decides each step's chunks, reward-net call size and pass count.
+
+    Args:
+        minibatch_size: Items per one-pass chunk, or ``None``.
+        forward_size: Transitions per reward-net call, ``"auto"`` to measure, or
+            ``None`` for one call per chunk.
+        two_pass: ``None`` to decide (memory, then speed), or pinned.
+        log: Where the planner's decisions are written.
+        forward_sizes: The cache of tuned sizes (shared by ensemble members).
+        unit: What an item's length counts: transitions (a fragment pair holds
+            many), or for the discriminator rows of an expert and a generator
+            transition; chunk caps count the same unit.
+    """
+
+    def __init__(
+        self,
+        *,
+        minibatch_size: Optional[int],
+        forward_size: Union[int, str, None] = "auto",
+        two_pass: Optional[bool] = None,
+        log: Callable[[str], None] = _no_log,
+        forward_sizes: Optional[ForwardSizes] = None,
+        unit: str = "transition",
+    ) -> None:
+        self.minibatch_size = minibatch_size
+        self.unit = unit
+        self.forward_size = forward_size
+        self.two_pass = two_pass
+        self.log = log
+        self.forward_sizes = forward_sizes or ForwardSizes()
+        self.budget_cap: Optional[int] = None
+        """Units per chunk that fit the memory budget."""
+        self.backed_off_cap: Optional[int] = None
+        """Units per chunk left by out-of-memory back-offs."""
+        self.profile: Optional[probe.ActivationProfile] = None
+        self.profile_key: Optional[Hashable] = None
+        # (chunk transitions, forward size) -> (two-pass?, t_one, t_two)
+        self.timings: Dict[Tuple[int, int], Tuple[bool, float, float]] = {}
+
+    @property
+    def chunk_cap(self) -> Optional[int]:
+        """Units per chunk that fit in memory, or ``None``: not limited."""
+        caps = [c for c in (self.budget_cap, self.backed_off_cap) if c is not None]
+        return min(caps) if caps else None
+
+    def call_size(self, limit: int, workload: Optional[Workload]) -> int:
+        """Transitions per reward-net call for calls of at most ``limit``.
+
+        Args:
+            limit: Transitions of the chunk the calls cover.
+            workload: Timed on the first request when ``forward_size="auto"``.
+
+        Returns:
+            The call size, at most ``limit`` and at most the memory cap.
+        """
+        cap = self.chunk_cap
+        limit = max(1, limit if cap is None else min(limit, cap))
+        if self.forward_size is None:
+            return limit
+        if self.forward_size != "auto":
+            return min(int(self.forward_size), limit)
+        if workload is None:
+            raise ValueError("forward_size='auto' needs a workload to time")
+        tuned = workload.key in self.forward_sizes.found
+        size = self.forward_sizes.size(
+            workload.key,
+            limit,
+            lambda size: self._time_per_transition(workload, size, limit),
+        )
+        if not tuned:
+            self.log(f"forward_size: {size} transitions per reward-net call")
+        return size
+
+    def plan(
+        self,
+        item_transitions: np.ndarray,
+        workload: Optional[Workload] = None,
+    ) -> StepPlan:
+        """The plan of a training step whose items hold ``item_transitions``.
+
+        Args:
+            item_transitions: Transitions per item of (this process's share of)
+                the batch.
+            workload: What timing and tuning may run (first use only).
+
+        Returns:
+            The plan.
+
+        Raises:
+            ValueError: if ``two_pass=False`` is pinned but one item exceeds the
+                memory cap.
+        """
+        lengths = np.asarray(item_transitions)
+        if not len(lengths):
+            return StepPlan.one_pass(lengths, [], 1, "no items")
+        cap = self.chunk_cap
+        fits = cap is None or int(lengths.max()) <= cap
+        if not fits and self.two_pass is False:
+            raise ValueError(
+                f"two_pass=False, but an item of {int(lengths.max())} {self.unit}s "
+                f"exceeds the {cap} {self.unit}s that fit in memory_budget (or the "
+                "device, after an out-of-memory error); allow two passes "
+                "(two_pass=None) or raise the budget",
+            )
+        chunks = self._item_chunks(lengths) if fits else []
+        first = int(lengths[chunks[0]].sum()) if fits else int(cap or 1)
+        size = self.call_size(first, workload)
+        if self.two_pass is True:
+            two_pass, reason = True, "two_pass=True"
+        elif not fits:
+            two_pass, reason = True, "one item exceeds the memory cap"
+        elif (
+            self.two_pass is None
+            and self.forward_size == "auto"
+            and size < first
+            and workload is not None
+        ):
+            two_pass, reason = self._faster_mode(workload, first, size)
+        else:
+            two_pass, reason = False, "calls span whole chunks"
+        if two_pass:
+            return StepPlan.two_passes(int(lengths.sum()), size, reason)
+        return StepPlan.one_pass(lengths, chunks, size, reason)
+
+    def plan_evaluation(
+        self,
+        item_transitions: np.ndarray,
+        workload: Optional[Workload] = None,
+    ) -> StepPlan:
+        """The plan of a no-grad evaluation: chunks of whole items, one pass.
+
+        Without gradient no graph is kept, so an item larger than the memory cap
+        needs no second pass: its calls are at most the cap.
+
+        Args:
+            item_transitions: Transitions per item.
+            workload: What tuning may run (first use only).
+
+        Returns:
+            The plan.
+        """
+        lengths = np.asarray(item_transitions)
+        if not len(lengths):
+            return StepPlan.one_pass(lengths, [], 1, "no items")
+        chunks = self._item_chunks(lengths)
+        size = self.call_size(int(lengths[chunks[0]].sum()), workload)
+        return StepPlan.one_pass(lengths, chunks, size, "evaluation")
+
+    def _item_chunks(self, lengths: np.ndarray) -> list:
+        return pair_chunks(
+            lengths,
+            max_items=self.minibatch_size,
+            max_transitions=self.chunk_cap,
+        )
+
+    def run(
+        self,
+        item_transitions: np.ndarray,
+        step: Callable[[StepPlan], ResultT],
+        workload: Optional[Workload] = None,
+        *,
+        device: th.device,
+        evaluation: bool = False,
+    ) -> Tuple[StepPlan, ResultT]:
+        """Plans and runs a step; after out-of-memory, halves the chunk and redoes it.
+
+        ``step`` must leave no trace when it raises (the engine rolls back).
+
+        Args:
+            item_transitions: Transitions per item of the batch.
+            step: Builds the plan's chunks and runs them.
+            workload: What timing and tuning may run.
+            device: Whose cached memory to release before a retry.
+            evaluation: Plan a no-grad evaluation instead of a training step.
+
+        Returns:
+            The plan that ran and what ``step`` returned.
+
+        Raises:
+            torch.OutOfMemoryError: if chunks of one transition do not fit.
+        """
+        plan_of = self.plan_evaluation if evaluation else self.plan
+        while True:
+            plan = plan_of(item_transitions, workload)
+            try:
+                return plan, step(plan)
+            except th.OutOfMemoryError as error:
+                cap = self.back_off(plan, error)
+            # Outside the handler: the error's frames (and tensors) are gone.
+            oom.release_cached_memory(device)
+            self.log(
+                f"out of memory: step redone with chunks of at most {cap} {self.unit}s",
+            )
+
+    def back_off(self, plan: StepPlan, error: BaseException) -> int:
+        """Halves the chunk after an out-of-memory error in a step run by ``plan``.
+
+        Args:
+            plan: The plan of the failed step.
+            error: The out-of-memory error.
+
+        Returns:
+            The new cap, in transitions.
+
+        Raises:
+            torch.OutOfMemoryError: if the failed chunks held one transition.
+        """
+        self.backed_off_cap = oom.halved_chunk(plan.largest_chunk, error, self.unit)
+        return self.backed_off_cap
+
+    def fit_budget(
+        self,
+        memory_budget: budget.Budget,
+        profile: probe.ActivationProfile,
+        *,
+        device: th.device,
+        resident_bytes: int,
+        largest_batch: int,
+    ) -> int:
+        """Sets the memory cap: the largest chunk ``memory_budget`` holds.
+
+        Args:
+            memory_budget: Bytes or ``"auto"``.
+            profile: The probe's measurements of the net.
+            device: The net's device (``"auto"`` reads its free memory).
+            resident_bytes: Training state already on the device.
+            largest_batch: Units of the largest batch (no cap above it).
+
+        Returns:
+            The budget in bytes.
+
+        Raises:
+            ValueError: if not even one transition fits.
+        """
+        in_bytes = budget.resolve_budget(memory_budget, device, resident_bytes)
+        cap = profile.max_chunk_transitions(in_bytes, largest_batch)
+        if cap == 0:
+            raise ValueError(
+                f"memory_budget={memory_budget!r} ({budget.format_bytes(in_bytes)}) "
+                f"is too small: one {self.unit} needs an estimated "
+                f"{budget.format_bytes(profile.chunk_bytes(1, 1))} "
+                f"({profile.describe()})",
+            )
+        self.budget_cap = cap
+        return in_bytes
+
+    def _faster_mode(
+        self,
+        workload: Workload,
+        n_transitions: int,
+        size: int,
+    ) -> Tuple[bool, str]:
+        key = (n_transitions, size)
+        if key not in self.timings:
+            call, available = workload.sample(n_transitions)
+            with workload.measuring():
+                t_one, t_two = time_passes(
+                    call,
+                    min(n_transitions, available),
+                    size,
+                    list(workload.params),
+                    workload.device,
+                )
+            # Two passes do a forward more: only a clear gain is worth it.
+            faster = t_two < TWO_PASS_MARGIN * t_one
+            self.timings[key] = (faster, t_one, t_two)
+            self.log(
+                f"two_pass: {t_two:.3g} s vs one pass {t_one:.3g} s over "
+                f"{n_transitions} transitions in calls of {size}: "
+                f"{'two passes' if faster else 'one pass'}",
+            )
+        two_pass, t_one, t_two = self.timings[key]
+        return two_pass, f"measured {t_two:.3g} s two-pass vs {t_one:.3g} s one-pass"
+
+    def _time_per_transition(self, workload: Workload, size: int, limit: int) -> float:
+        """Seconds per transition of calls of ``size``, as a one-pass chunk runs.
+
+        Calls of ``size`` over a stretch of transitions, their graphs kept, then
+        one backward.
+        """
+        total = min(limit, max(size, TUNING_TRANSITIONS))
+        call, available = workload.sample(total)
+        total = min(total, available)
+
+        def run() -> th.Tensor:
+            return th.cat(
+                [call(s, min(s + size, total)) for s in range(0, total, size)],
+            )
+
+        with workload.measuring():
+            seconds = time_forward_backward(
+                run,
+                list(workload.params),
+                workload.device,
+            )
+        return seconds / total

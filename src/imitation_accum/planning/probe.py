@@ -1,0 +1,357 @@
+"""The saved-bytes probe: what a chunk of any size needs, from a few small calls.
+
+Chunks are sized from a *probe*: a forward/backward of the reward net on a few
+transitions, during which ``torch.autograd.graph.saved_tensors_hooks`` counts the
+bytes autograd keeps for the backward. Their growth per transition, plus the
+temporaries of the reward-net call being computed, gives the bytes of a chunk of
+any size (:meth:`ActivationProfile.chunk_bytes`); the largest chunk that fits is
+:meth:`ActivationProfile.max_chunk_transitions`.
+
+The estimate is deliberately conservative. On CUDA an overrun raises
+``torch.cuda.OutOfMemoryError``, which the trainers catch, halving the chunk and
+redoing the step; on a CPU an overrun meets the kernel's OOM killer, so the
+estimate is the only guard there. glibc's allocator may keep freed activations
+resident (its mmap threshold grows with the blocks it frees), so that a step's
+resident set was measured at up to 2.8 times the bytes autograd saved (one pass
+over many small calls): the CPU estimate triples every per-transition figure
+(``experiments/bench_memory.py`` checks the estimate against measured peaks).
+"""
+
+import dataclasses
+from typing import (
+    TYPE_CHECKING,
+    Callable,
+    Dict,
+    Optional,
+    Sequence,
+    Tuple,
+)
+
+import torch as th
+
+from imitation_accum.planning import budget
+
+if TYPE_CHECKING:
+    from imitation_accum.planning import planner
+
+#: Multiplier on every per-transition figure: allocator overheads. On a CPU glibc
+#: may keep freed blocks resident (measured: up to 2.8x the saved bytes, 2.3x the
+#: unmultiplied estimate); CUDA's caching allocator rounds blocks up and fragments.
+ALLOCATOR_FACTOR = {"cuda": 1.2, "cpu": 3.0}
+
+#: Fixed workspace per step beyond the estimate (library workspaces, cuDNN
+#: algorithms, oneDNN scratch pads).
+RESERVE_BYTES = {"cuda": 256 * 2**20, "cpu": 128 * 2**20}
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedBytes:
+    """What autograd saved for one probe call of ``n_transitions``."""
+
+    n_transitions: int
+    saved: int
+    """Bytes of the distinct storages saved for backward (parameters excluded)."""
+    largest: int
+    """Bytes of the largest single storage saved."""
+    cuda_peak: Optional[int] = None
+    """Peak CUDA memory the call's forward and backward added (CUDA only)."""
+
+
+def measure_saved_bytes(
+    run: Callable[[int], th.Tensor],
+    n_transitions: int,
+    params: Sequence[th.Tensor],
+    device: th.device,
+) -> SavedBytes:
+    """Counts the bytes autograd saves during ``run(n_transitions)``.
+
+    The output is then backpropagated with ``torch.autograd.grad`` (``.grad`` is
+    left alone), which frees the graph.
+
+    Args:
+        run: One reward-net call (with gradient) on ``n`` transitions.
+        n_transitions: Transitions to run.
+        params: The net's parameters: never counted as saved, and the targets of
+            the backward.
+        device: Where the net lives.
+
+    Returns:
+        The bytes saved.
+    """
+    exclude = {(str(p.device), p.untyped_storage().data_ptr()) for p in params}
+    storages: Dict[Tuple[str, int], int] = {}
+
+    def pack(tensor: th.Tensor) -> th.Tensor:
+        storage = tensor.untyped_storage()
+        key = (str(tensor.device), storage.data_ptr())
+        if key not in exclude and tensor.device.type == device.type:
+            storages[key] = storage.nbytes()
+        return tensor
+
+    cuda = device.type == "cuda"
+    if cuda:
+        th.cuda.synchronize(device)
+        before = th.cuda.memory_allocated(device)
+        th.cuda.reset_peak_memory_stats(device)
+    with th.enable_grad(), th.autograd.graph.saved_tensors_hooks(pack, _identity):
+        outputs = run(n_transitions)
+    wanted = [p for p in params if p.requires_grad]
+    if outputs.requires_grad and wanted:
+        th.autograd.grad(outputs.float().sum(), wanted, allow_unused=True)
+    del outputs
+    peak = None
+    if cuda:
+        th.cuda.synchronize(device)
+        peak = int(th.cuda.max_memory_allocated(device) - before)
+    return SavedBytes(
+        n_transitions,
+        sum(storages.values()),
+        max(storages.values(), default=0),
+        peak,
+    )
+
+
+def _identity(tensor: th.Tensor) -> th.Tensor:
+    return tensor
+
+
+def _fit(points: Sequence[Tuple[int, float]]) -> Tuple[float, float]:
+    """Slope per transition and intercept per call through ``(n, bytes)`` points.
+
+    Conservative: the slope is at least the bytes per transition of the largest
+    point when only one point is given or the points disagree; neither is negative.
+    """
+    (n1, b1), (n2, b2) = points[0], points[-1]
+    if n2 == n1:
+        return max(b2 / n2, 0.0), 0.0
+    slope = max((b2 - b1) / (n2 - n1), 0.0)
+    return slope, max(b1 - slope * n1, 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationProfile:
+    """Bytes a training step needs, as a function of its chunk and call sizes.
+
+    ``chunk_bytes(n, calls of F)`` is ``fixed + reserve + factor * (n * saved +
+    ceil(n / F) * saved_per_call + F * transient)`` per transition figures, and on
+    CUDA at least the measured peak of the probe, extrapolated.
+    """
+
+    device_type: str
+    fixed: int
+    """Parameters, gradients and optimizer state."""
+    saved_per_transition: float
+    """Bytes autograd keeps per transition until the chunk's backward."""
+    saved_per_call: float
+    """Bytes autograd keeps per reward-net call (e.g. low-precision weight copies)."""
+    transient_per_transition: float
+    """Bytes per transition of the call being computed, beyond what it keeps:
+    recomputed activations under checkpointing, gradients flowing back (twice the
+    largest activation), converted inputs."""
+    measured_peak: Optional[Tuple[float, float]] = None
+    """CUDA: (per transition, per call) of the probe's measured peak."""
+
+    @property
+    def factor(self) -> float:
+        """The allocator overhead multiplier of the device type."""
+        return ALLOCATOR_FACTOR.get(self.device_type, ALLOCATOR_FACTOR["cuda"])
+
+    @property
+    def reserve(self) -> int:
+        """Fixed workspace bytes of the device type."""
+        return RESERVE_BYTES.get(self.device_type, RESERVE_BYTES["cuda"])
+
+    def chunk_bytes(self, n_transitions: int, call_size: int) -> float:
+        """Bytes of a step with chunks of ``n_transitions`` in calls of ``call_size``.
+
+        Args:
+            n_transitions: Transitions of the largest chunk.
+            call_size: Transitions per reward-net call.
+
+        Returns:
+            The estimate, in bytes.
+        """
+        call_size = max(1, min(call_size, n_transitions))
+        calls = -(-n_transitions // call_size)
+        variable = (
+            n_transitions * self.saved_per_transition
+            + calls * self.saved_per_call
+            + call_size * self.transient_per_transition
+        )
+        if self.measured_peak is not None:
+            per_transition, per_call = self.measured_peak
+            # The probe's measured peak holds one call's saved and transient bytes.
+            measured = (
+                n_transitions * self.saved_per_transition
+                + calls * self.saved_per_call
+                + call_size * max(0.0, per_transition - self.saved_per_transition)
+                + max(0.0, per_call - self.saved_per_call)
+            )
+            variable = max(variable, measured)
+        return self.fixed + self.reserve + self.factor * variable
+
+    def max_chunk_transitions(self, budget: int, limit: int) -> int:
+        """The most transitions a chunk may hold in ``budget`` (calls as large).
+
+        Args:
+            budget: Bytes.
+            limit: No answer above this.
+
+        Returns:
+            Transitions, or 0 if not even one fits.
+        """
+        if self.chunk_bytes(1, 1) > budget:
+            return 0
+        low, high = 1, max(1, limit)
+        if self.chunk_bytes(high, high) <= budget:
+            return high
+        while high - low > 1:  # chunk_bytes(n, n) grows with n
+            middle = (low + high) // 2
+            if self.chunk_bytes(middle, middle) <= budget:
+                low = middle
+            else:
+                high = middle
+        return low
+
+    def describe(self) -> str:
+        """One line for the log."""
+        fmt = budget.format_bytes
+        return (
+            f"saved {fmt(self.saved_per_transition)}/transition + "
+            f"{fmt(self.saved_per_call)}/call, transient "
+            f"{fmt(self.transient_per_transition)}/transition of a call, "
+            f"fixed {fmt(self.fixed)} (parameters, gradients, optimizer "
+            f"state), x{self.factor:g} allocator factor, "
+            f"{fmt(self.reserve)} reserve"
+        )
+
+
+def profile_activations(
+    run: Callable[[int], th.Tensor],
+    *,
+    max_transitions: int,
+    params: Sequence[th.Tensor],
+    device: th.device,
+    fixed_bytes: int,
+    input_bytes_per_transition: float,
+    run_without_checkpointing: Optional[Callable[[int], th.Tensor]] = None,
+) -> ActivationProfile:
+    """The probe: a few small reward-net calls, counted.
+
+    Args:
+        run: One reward-net call with gradient, as the step makes it (same
+            autocast and checkpointing), on the first ``n`` transitions of a sample.
+        max_transitions: Transitions the sample holds.
+        params: The net's parameters.
+        device: The net's device.
+        fixed_bytes: Parameters, gradients and optimizer state
+            (:func:`training_state_bytes`).
+        input_bytes_per_transition: Bytes of one transition's converted inputs.
+        run_without_checkpointing: The same call without activation
+            checkpointing, if ``run`` checkpoints: what a recomputation holds.
+
+    Returns:
+        The profile.
+    """
+    sizes = sorted({max(1, min(2, max_transitions)), max(1, min(4, max_transitions))})
+    measured = [measure_saved_bytes(run, n, params, device) for n in sizes]
+    saved_slope, saved_call = _fit([(m.n_transitions, m.saved) for m in measured])
+    plain = measured
+    if run_without_checkpointing is not None:
+        plain = [
+            measure_saved_bytes(run_without_checkpointing, n, params, device)
+            for n in sizes
+        ]
+    full_slope, _ = _fit([(m.n_transitions, m.saved) for m in plain])
+    largest = max(m.largest / m.n_transitions for m in plain)
+    transient = (
+        max(0.0, full_slope - saved_slope) + 2 * largest + input_bytes_per_transition
+    )
+    peak = None
+    if all(m.cuda_peak is not None for m in measured):
+        peak = _fit([(m.n_transitions, float(m.cuda_peak or 0)) for m in measured])
+    return ActivationProfile(
+        device.type,
+        fixed_bytes,
+        saved_slope,
+        saved_call,
+        transient,
+        peak,
+    )
+
+
+def profile_workload(
+    workload: "planner.Workload",
+    *,
+    sample_transitions: int,
+    fixed_bytes: int,
+    input_bytes_per_transition: float,
+    checkpointed: bool,
+) -> ActivationProfile:
+    """The probe, run on the first items of a workload.
+
+    Args:
+        workload: What the planner may run.
+        sample_transitions: Transitions the sample should hold (its first items).
+        fixed_bytes: Parameters, gradients and optimizer state.
+        input_bytes_per_transition: Bytes of one transition's converted inputs.
+        checkpointed: Whether the step checkpoints activations (then the probe
+            also measures a call without checkpointing).
+
+    Returns:
+        The profile.
+    """
+    call, available = workload.sample(sample_transitions)
+
+    def run(n: int) -> th.Tensor:
+        with workload.measuring():
+            return call(0, n)
+
+    def run_plain(n: int) -> th.Tensor:
+        with workload.measuring(checkpointing=False):
+            return call(0, n)
+
+    return profile_activations(
+        run,
+        max_transitions=available,
+        params=list(workload.params),
+        device=workload.device,
+        fixed_bytes=fixed_bytes,
+        input_bytes_per_transition=input_bytes_per_transition,
+        run_without_checkpointing=run_plain if checkpointed else None,
+    )
+
+
+def budget_message(
+    budget_bytes: int,
+    profile: ActivationProfile,
+    *,
+    cap: int,
+    item: int,
+    largest_batch: int,
+    items: str = "pairs",
+) -> str:
+    """One log line on what a budget holds.
+
+    Args:
+        budget_bytes: The budget.
+        profile: The probe's profile.
+        cap: Transitions per chunk that fit.
+        item: Transitions of the largest item.
+        largest_batch: Transitions of the largest batch.
+        items: What an item is called.
+
+    Returns:
+        The line.
+    """
+    fits = (
+        f"{cap // item} {items}"
+        if cap >= item
+        else (f"less than one of {item} transitions: two passes")
+    )
+    whole = budget.format_bytes(profile.chunk_bytes(largest_batch, largest_batch))
+    return (
+        f"memory_budget: {budget.format_bytes(budget_bytes)}; probe: "
+        f"{profile.describe()}; chunks of at most {cap} transitions ({fits}); a "
+        f"whole batch in one chunk would need {whole}"
+    )

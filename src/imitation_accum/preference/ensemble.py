@@ -1,0 +1,113 @@
+"""Ensembles: each member of a ``RewardEnsemble`` trained like a plain net."""
+
+from typing import Any, Mapping, Optional
+
+import numpy as np
+from imitation.algorithms import preference_comparisons as pc
+from imitation.regularization import regularizers
+from imitation.util import logger as imit_logger
+
+from imitation_accum.preference.trainer import CrossEntropyRewardTrainer
+
+
+class EnsembleTrainer(CrossEntropyRewardTrainer, pc.EnsembleTrainer):
+    """Trains each member of a ``RewardEnsemble`` like a plain trainer would.
+
+    A drop-in for imitation's ``EnsembleTrainer``: the same arguments, bagging
+    (each member trains on its own resample of the dataset, drawn from ``rng``) and
+    member-averaged metrics; each member gets every guarantee of
+    :class:`CrossEntropyRewardTrainer`. Arguments as there.
+    """
+
+    _for_ensembles = True
+
+    def __init__(
+        self,
+        preference_model: pc.PreferenceModel,
+        loss: pc.RewardLoss,
+        rng: np.random.Generator,
+        batch_size: int = 32,
+        minibatch_size: Optional[int] = None,
+        epochs: int = 1,
+        lr: float = 1e-3,
+        custom_logger: Optional[imit_logger.HierarchicalLogger] = None,
+        regularizer_factory: Optional[regularizers.RegularizerFactory] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            preference_model,
+            loss,
+            rng,
+            batch_size,
+            minibatch_size,
+            epochs,
+            lr,
+            custom_logger,
+            regularizer_factory,
+            **kwargs,
+        )
+        self.member_trainers = [
+            CrossEntropyRewardTrainer(
+                member_pref_model,
+                loss,
+                self.rng,
+                batch_size,
+                minibatch_size,
+                epochs,
+                lr,
+                self.logger,
+                regularizer_factory,
+                **kwargs,
+            )
+            for member_pref_model in self._preference_model.member_pref_models
+        ]
+        for member in self.member_trainers:  # one net architecture: tuned once
+            member.planner.forward_sizes = self.planner.forward_sizes  # type: ignore[attr-defined]
+
+    @property
+    def logger(self) -> imit_logger.HierarchicalLogger:
+        """The logger, shared with every member trainer."""
+        return self._logger
+
+    @logger.setter
+    def logger(self, custom_logger: imit_logger.HierarchicalLogger) -> None:
+        self._logger = custom_logger
+        regularizer = getattr(self, "regularizer", None)
+        if regularizer is not None:
+            regularizer.logger = custom_logger
+        for member_trainer in getattr(self, "member_trainers", []):
+            member_trainer.logger = custom_logger
+
+    # imitation's bagging and metric averaging, reused as is: it only calls
+    # ``train`` on the member trainers and reads the logger.
+    _train = pc.EnsembleTrainer._train  # type: ignore[assignment]
+
+
+def make_reward_trainer(
+    preference_model: pc.PreferenceModel,
+    loss: pc.RewardLoss,
+    rng: np.random.Generator,
+    reward_trainer_kwargs: Optional[Mapping[str, Any]] = None,
+) -> CrossEntropyRewardTrainer:
+    """The trainer for ``preference_model``, chosen as imitation chooses it.
+
+    Mirrors imitation's ``_make_reward_trainer``: an ensemble trainer for a reward
+    ensemble, a plain one otherwise.
+
+    Args:
+        preference_model: The preference model to train.
+        loss: imitation's ``CrossEntropyRewardLoss``.
+        rng: Draws batches, splits and bagging resamples.
+        reward_trainer_kwargs: Further trainer arguments.
+
+    Returns:
+        An :class:`EnsembleTrainer` for a reward ensemble, otherwise a
+        :class:`CrossEntropyRewardTrainer`.
+    """
+    kwargs = dict(reward_trainer_kwargs or {})
+    cls = (
+        EnsembleTrainer
+        if preference_model.ensemble_model is not None
+        else CrossEntropyRewardTrainer
+    )
+    return cls(preference_model, loss, rng=rng, **kwargs)

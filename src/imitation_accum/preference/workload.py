@@ -1,0 +1,76 @@
+"""What the planner may run on preference data: reward-net calls on a batch's pairs."""
+
+import dataclasses
+from typing import Hashable, List, Tuple
+
+import numpy as np
+import torch as th
+
+from imitation_accum.engine.accumulator import GradientAccumulator
+from imitation_accum.planning import forward_size
+from imitation_accum.planning.planner import NetCall
+from imitation_accum.preference import pair_table, pair_task
+
+
+@dataclasses.dataclass
+class PairWorkload:
+    """Calls of a preference task on the first pairs of a batch.
+
+    Calls go to the net itself, never through a wrapper such as DDP's: timings
+    and probes differentiate with ``torch.autograd.grad``, and DDP must see only
+    the real steps' forwards and backwards.
+    """
+
+    task: pair_task.PreferenceTask
+    table: pair_table.PreferenceTable
+    local: np.ndarray
+    """The pairs of the batch (this process's share), in order."""
+    engine: GradientAccumulator
+    key: Hashable
+
+    @classmethod
+    def of(
+        cls,
+        task: pair_task.PreferenceTask,
+        table: pair_table.PreferenceTable,
+        local: np.ndarray,
+        engine: GradientAccumulator,
+    ) -> "PairWorkload":
+        """The workload of pairs ``local``; its key names what timings depend on."""
+        frame = np.asarray(table.pairs[0][0].obs)
+        key = forward_size.architecture_key(
+            task.net,
+            frame.shape[1:],
+            frame.dtype,
+            str(task.device),
+            engine.autocast_dtype,
+            bool(engine.checkpointed),
+        )
+        return cls(task, table, local, engine, key)
+
+    @property
+    def device(self) -> th.device:
+        """The net's device."""
+        return self.task.device
+
+    @property
+    def params(self) -> List[th.Tensor]:
+        """The net's parameters."""
+        return list(self.task.net.parameters())
+
+    def sample(self, n_transitions: int) -> Tuple[NetCall, int]:
+        """Calls over the first pairs of the batch holding ``n_transitions``."""
+        lengths = np.cumsum(self.table.lengths[self.local].sum(1))
+        n_pairs = int(np.searchsorted(lengths, n_transitions)) + 1
+        first = self.local[: min(len(lengths), n_pairs)]
+        chunk = self.task.make_chunk(self.table, first)
+        net = self.task.net
+
+        def call(start: int, stop: int) -> th.Tensor:
+            return self.task.call(chunk.layout, start, stop, module=net)
+
+        return call, chunk.layout.n_transitions
+
+    def measuring(self, *, checkpointing: bool = True):
+        """The engine's measuring context (see ``GradientAccumulator.measuring``)."""
+        return self.engine.measuring(checkpointing=checkpointing)
