@@ -164,13 +164,15 @@ def test_imitation_adversarial_experiment_under_patched(tmp_path, monkeypatch):
         max_episode_steps=5,
     )
     steps = []
-    train_disc = adversarial._AccumulatingDiscriminator.train_disc
+    train_disc = adversarial.AccumulatingAdversarialTrainer.train_disc
 
     def counting(self, **kwargs):
         steps.append(self.demo_minibatch_size)
         return train_disc(self, **kwargs)
 
-    monkeypatch.setattr(adversarial._AccumulatingDiscriminator, "train_disc", counting)
+    monkeypatch.setattr(
+        adversarial.AccumulatingAdversarialTrainer, "train_disc", counting
+    )
 
     def run():
         return train_adversarial_ex.run(

@@ -4,7 +4,7 @@ Any ``minibatch_size`` gives the full-batch update: see ``CrossEntropyRewardTrai
 for preference comparisons.
 """
 
-from imitation_accum.adversarial.trainers import AIRL, GAIL
+from imitation_accum.adversarial import AIRL, GAIL
 from imitation_accum.distributed.trainer import DistributedRewardTrainer
 from imitation_accum.engine.accumulator import GradientAccumulator
 from imitation_accum.integrations.patching import patch, patched, unpatch

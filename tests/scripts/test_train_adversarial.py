@@ -5,6 +5,7 @@ import json
 import pytest
 from imitation.rewards import reward_nets
 
+import imitation_accum
 from imitation_accum import checkpoint
 from imitation_accum.adversarial import trainers as adversarial
 from imitation_accum.integrations import demonstrations
@@ -18,13 +19,15 @@ from tests.scripts import helpers
 def disc_steps(monkeypatch):
     """Counts discriminator steps taken by this package's AIRL and GAIL."""
     calls = []
-    train_disc = adversarial._AccumulatingDiscriminator.train_disc
+    train_disc = adversarial.AccumulatingAdversarialTrainer.train_disc
 
     def counting(self, **kwargs):
         calls.append(type(self))
         return train_disc(self, **kwargs)
 
-    monkeypatch.setattr(adversarial._AccumulatingDiscriminator, "train_disc", counting)
+    monkeypatch.setattr(
+        adversarial.AccumulatingAdversarialTrainer, "train_disc", counting
+    )
     return calls
 
 
@@ -61,7 +64,7 @@ def test_fast_trains_with_this_package_discriminator(tmp_path, algorithm, disc_s
 
 
 def ex_class(algorithm):
-    return {"airl": adversarial.AIRL, "gail": adversarial.GAIL}[algorithm]
+    return {"airl": imitation_accum.AIRL, "gail": imitation_accum.GAIL}[algorithm]
 
 
 # Every game's named config with one algorithm (alternating), Pong's with both.

@@ -1,8 +1,7 @@
 """AIRL and GAIL whose discriminator update is accumulated exactly."""
 
+from imitation_accum.adversarial.algorithms import AIRL, GAIL
 from imitation_accum.adversarial.trainers import (
-    AIRL,
-    GAIL,
     policy_observations,
     resolve_minibatch_size,
 )

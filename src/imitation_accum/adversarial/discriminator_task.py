@@ -236,7 +236,7 @@ class DiscriminatorTask:
         preprocessing_net: The reward net whose ``preprocess`` prepares the inputs.
         forward_net: The net ``logits_fn`` calls, if not ``preprocessing_net``;
             when it ignores ``next_state``, next observations are neither staged,
-            moved nor converted (see :mod:`imitation_accum.net_inputs`).
+            moved nor converted (see :mod:`imitation_accum.nets.input_preparation`).
     """
 
     metric_names = ()

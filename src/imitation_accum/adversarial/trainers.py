@@ -31,9 +31,7 @@ import gymnasium as gym
 import numpy as np
 import torch as th
 from imitation.algorithms import base
-from imitation.algorithms.adversarial import airl as imitation_airl
 from imitation.algorithms.adversarial import common
-from imitation.algorithms.adversarial import gail as imitation_gail
 from imitation.data import types
 from imitation.rewards import reward_nets
 from imitation.util import networks
@@ -119,8 +117,42 @@ def policy_observations(obs: th.Tensor, space: gym.Space) -> th.Tensor:
     )
 
 
-class _AccumulatingDiscriminator(common.AdversarialTrainer):
-    """imitation's adversarial trainer with an accumulated discriminator update."""
+class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
+    """imitation's adversarial trainer with an accumulated discriminator update.
+
+    The base of :class:`~imitation_accum.AIRL` and :class:`~imitation_accum.GAIL`.
+
+    Args:
+        demonstrations: Expert demonstrations, as in imitation.
+        demo_batch_size: Expert transitions per discriminator step.
+        venv: The vectorized environment.
+        gen_algo: The generator (AIRL: a stochastic SB3 policy, such as PPO's).
+        reward_net: The reward net of the discriminator (AIRL: usually shaped;
+            GAIL: the discriminator's logits net).
+        demo_minibatch_size: Expert transitions (and as many generator
+            transitions) per forward/backward, any value in
+            ``[1, demo_batch_size]``, divisible or not; ``None`` means the whole
+            batch. Every size gives the full-batch update.
+        minibatch_size: Alias of ``demo_minibatch_size``.
+        max_grad_norm: Clip the discriminator's gradient norm to this, once per
+            discriminator step.
+        memory_budget: Instead of ``demo_minibatch_size``: bytes, a size such as
+            ``"6GiB"``, or ``"auto"``; minibatches are sized to fit it by a probe of
+            the discriminator on a few transitions at the first discriminator
+            step (logged). On CUDA, a step that runs out of memory anyway is
+            redone with minibatches half as large.
+        **kwargs: imitation's further ``AdversarialTrainer`` arguments
+            (``n_disc_updates_per_round``, ``disc_opt_cls``, ``disc_opt_kwargs``,
+            ``custom_logger``, ...), with imitation's defaults.
+
+    Raises:
+        ValueError: if a minibatch size is not a positive int or exceeds
+            ``demo_batch_size``, the alias disagrees, ``max_grad_norm`` is not a
+            positive number, ``memory_budget`` does not parse, is smaller than
+            the discriminator's parameters, gradients and optimizer state, or is
+            given with a minibatch size, or the reward net holds a
+            batch-norm layer (which cannot be accumulated exactly).
+    """
 
     #: Whether the discriminator reads the generator policy's log-probabilities.
     _uses_policy_log_probs: ClassVar[bool] = True
@@ -434,121 +466,4 @@ class _AccumulatingDiscriminator(common.AdversarialTrainer):
             }
 
 
-class AIRL(_AccumulatingDiscriminator, imitation_airl.AIRL):
-    """Drop-in for imitation's AIRL, with an exact minibatched discriminator update.
-
-    A drop-in for imitation's ``AIRL``: the same arguments and defaults, plus
-    ``minibatch_size`` (alias), ``max_grad_norm`` and ``memory_budget``, and
-    ``demo_minibatch_size`` of any size. The generator policy's log-probabilities are
-    computed without gradient and in evaluation mode. For image observations use a
-    CNN reward net such as :class:`imitation_accum.reward_nets.CnnShapedRewardNet`.
-
-    Args:
-        demonstrations: Expert demonstrations, as in imitation.
-        demo_batch_size: Expert transitions per discriminator step.
-        venv: The vectorized environment.
-        gen_algo: The generator (a stochastic SB3 policy, such as PPO's).
-        reward_net: The reward net of the discriminator (usually shaped).
-        demo_minibatch_size: Expert transitions (and as many generator
-            transitions) per forward/backward, any value in
-            ``[1, demo_batch_size]``, divisible or not; ``None`` means the whole
-            batch. Every size gives the full-batch update.
-        minibatch_size: Alias of ``demo_minibatch_size``.
-        max_grad_norm: Clip the discriminator's gradient norm to this, once per
-            discriminator step.
-        memory_budget: Instead of ``demo_minibatch_size``: bytes, a size such as
-            ``"6GiB"``, or ``"auto"``; minibatches are sized to fit it by a probe of
-            the discriminator on a few transitions at the first discriminator
-            step (logged). On CUDA, a step that runs out of memory anyway is
-            redone with minibatches half as large.
-        **kwargs: imitation's further ``AdversarialTrainer`` arguments
-            (``n_disc_updates_per_round``, ``disc_opt_cls``, ``disc_opt_kwargs``,
-            ``custom_logger``, ...), with imitation's defaults.
-
-    Raises:
-        ValueError: if a minibatch size is not a positive int or exceeds
-            ``demo_batch_size``, the alias disagrees, ``max_grad_norm`` is not a
-            positive number, ``memory_budget`` does not parse, is smaller than
-            the discriminator's parameters, gradients and optimizer state, or is
-            given with a minibatch size, or the reward net holds a
-            batch-norm layer (which cannot be accumulated exactly).
-
-    Example:
-        >>> from imitation_accum import AIRL  # doctest: +SKIP
-        >>> trainer = AIRL(  # doctest: +SKIP
-        ...     demonstrations=transitions,
-        ...     demo_batch_size=1024,
-        ...     demo_minibatch_size=100,
-        ...     venv=venv,
-        ...     gen_algo=PPO("MlpPolicy", venv),
-        ...     reward_net=BasicShapedRewardNet(
-        ...         venv.observation_space, venv.action_space
-        ...     ),
-        ... )
-        >>> trainer.train(100_000)  # doctest: +SKIP
-    """
-
-    _uses_policy_log_probs = True
-
-
-class GAIL(_AccumulatingDiscriminator, imitation_gail.GAIL):
-    """Drop-in for imitation's GAIL, with an exact minibatched discriminator update.
-
-    A drop-in for imitation's ``GAIL``: the same arguments and defaults, plus
-    ``minibatch_size`` (alias), ``max_grad_norm`` and ``memory_budget``, and
-    ``demo_minibatch_size`` of any size. GAIL's discriminator does not read the
-    generator policy, so its log-probabilities are not computed (imitation 1.0.1
-    computes and discards them, a wasted policy forward per minibatch).
-
-    Args:
-        demonstrations: Expert demonstrations, as in imitation.
-        demo_batch_size: Expert transitions per discriminator step.
-        venv: The vectorized environment.
-        gen_algo: The generator RL algorithm.
-        reward_net: The discriminator's logits net.
-        demo_minibatch_size: Expert transitions (and as many generator
-            transitions) per forward/backward, any value in
-            ``[1, demo_batch_size]``, divisible or not; ``None`` means the whole
-            batch. Every size gives the full-batch update.
-        minibatch_size: Alias of ``demo_minibatch_size``.
-        max_grad_norm: Clip the discriminator's gradient norm to this, once per
-            discriminator step.
-        memory_budget: Instead of ``demo_minibatch_size``: bytes, a size such as
-            ``"6GiB"``, or ``"auto"``; minibatches are sized to fit it by a probe of
-            the discriminator on a few transitions at the first discriminator
-            step (logged). On CUDA, a step that runs out of memory anyway is
-            redone with minibatches half as large.
-        **kwargs: imitation's further ``AdversarialTrainer`` arguments
-            (``n_disc_updates_per_round``, ``disc_opt_cls``, ``disc_opt_kwargs``,
-            ``custom_logger``, ...), with imitation's defaults.
-
-    Raises:
-        ValueError: if a minibatch size is not a positive int or exceeds
-            ``demo_batch_size``, the alias disagrees, ``max_grad_norm`` is not a
-            positive number, ``memory_budget`` does not parse, is smaller than
-            the discriminator's parameters, gradients and optimizer state, or is
-            given with a minibatch size, or the reward net holds a
-            batch-norm layer (which cannot be accumulated exactly).
-
-    Example:
-        >>> from imitation_accum import GAIL  # doctest: +SKIP
-        >>> trainer = GAIL(  # doctest: +SKIP
-        ...     demonstrations=transitions,
-        ...     demo_batch_size=1024,
-        ...     demo_minibatch_size=96,
-        ...     venv=venv,
-        ...     gen_algo=PPO("CnnPolicy", venv),
-        ...     reward_net=CnnRewardNet(venv.observation_space, venv.action_space),
-        ... )
-        >>> trainer.train(100_000)  # doctest: +SKIP
-    """
-
-    _uses_policy_log_probs = False
-
-
-__all__ = [
-    "AIRL",
-    "GAIL",
-    "policy_observations",
-    "resolve_minibatch_size",
-]
+__all__ = ["policy_observations", "resolve_minibatch_size"]

@@ -1,6 +1,7 @@
 """The preference reward trainer whose steps a process group shares."""
 
 import hashlib
+import inspect
 from typing import (
     Any,
     Optional,
@@ -10,9 +11,6 @@ from typing import (
 import numpy as np
 import torch as th
 import torch.distributed as dist
-from imitation.algorithms import preference_comparisons as pc
-from imitation.regularization import regularizers
-from imitation.util import logger as imit_logger
 from torch import nn
 from torch.utils import data as data_th
 
@@ -46,19 +44,13 @@ class DistributedRewardTrainer(CrossEntropyRewardTrainer):
     nothing worth keeping.
 
     Args:
-        preference_model: As in :class:`CrossEntropyRewardTrainer`.
-        loss: As in :class:`CrossEntropyRewardTrainer`.
-        rng: As in :class:`CrossEntropyRewardTrainer`; seeded the same on every rank.
-        batch_size: As in :class:`CrossEntropyRewardTrainer`; at least the number of
+        *args: The arguments of :class:`CrossEntropyRewardTrainer`, in its order
+            (``preference_model``, ``loss``, ``rng``, ``batch_size``, ...): ``rng``
+            seeded the same on every rank, ``batch_size`` at least the number of
             processes.
-        minibatch_size: As in :class:`CrossEntropyRewardTrainer`.
-        epochs: As in :class:`CrossEntropyRewardTrainer`.
-        lr: As in :class:`CrossEntropyRewardTrainer`.
-        custom_logger: As in :class:`CrossEntropyRewardTrainer`.
-        regularizer_factory: As in :class:`CrossEntropyRewardTrainer`.
         process_group: The group to share steps with (default: the default group,
             if ``torch.distributed`` is initialized).
-        **kwargs: Further keyword arguments of :class:`CrossEntropyRewardTrainer`.
+        **kwargs: Keyword arguments of :class:`CrossEntropyRewardTrainer`.
 
     Raises:
         ValueError: if ``batch_size`` is smaller than the number of processes, or
@@ -79,16 +71,7 @@ class DistributedRewardTrainer(CrossEntropyRewardTrainer):
 
     def __init__(
         self,
-        preference_model: pc.PreferenceModel,
-        loss: pc.RewardLoss,
-        rng: np.random.Generator,
-        batch_size: int = 32,
-        minibatch_size: Optional[int] = None,
-        epochs: int = 1,
-        lr: float = 1e-3,
-        custom_logger: Optional[imit_logger.HierarchicalLogger] = None,
-        regularizer_factory: Optional[regularizers.RegularizerFactory] = None,
-        *,
+        *args: Any,
         process_group: Optional[dist.ProcessGroup] = None,
         **kwargs: Any,
     ) -> None:
@@ -96,6 +79,8 @@ class DistributedRewardTrainer(CrossEntropyRewardTrainer):
         distributed = dist.is_initialized()
         self.world_size = dist.get_world_size(process_group) if distributed else 1
         self.rank = dist.get_rank(process_group) if distributed else 0
+        bound = inspect.signature(CrossEntropyRewardTrainer).bind(*args, **kwargs)
+        batch_size = bound.arguments.get("batch_size", 32)
         check_batch_size(
             "batch_size",
             _validation.positive_int("batch_size", batch_size),
@@ -104,18 +89,7 @@ class DistributedRewardTrainer(CrossEntropyRewardTrainer):
         if self.rank != 0:
             kwargs["progress_bar"] = False
         self._agreed = False  # whether the ranks share rank 0's forward size
-        super().__init__(
-            preference_model,
-            loss,
-            rng,
-            batch_size,
-            minibatch_size,
-            epochs,
-            lr,
-            custom_logger,
-            regularizer_factory,
-            **kwargs,
-        )
+        super().__init__(*args, **kwargs)
         if self.distributed:
             self._check_same_rng()
 

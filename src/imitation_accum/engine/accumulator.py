@@ -32,7 +32,7 @@ and activation checkpointing of CNN reward nets.
 
 import contextlib
 import time
-from typing import Dict, Generic, List, Mapping, Optional, Sequence, Tuple, TypeVar
+from typing import Dict, Generic, List, Optional, Sequence, TypeVar
 
 import numpy as np
 import torch as th
@@ -42,11 +42,13 @@ from torch import nn
 
 from imitation_accum.engine import (
     checkpointing,
+    gradients,
     norm_replay,
     observability,
     precision,
     rng,
 )
+from imitation_accum.engine.process_hooks import SingleProcessHooks
 from imitation_accum.engine.task import (
     AccumulationTask,
     ChunkLoss,
@@ -60,7 +62,7 @@ from imitation_accum.planning.plan import StepPlan
 ChunkT = TypeVar("ChunkT")
 
 
-class GradientAccumulator(Generic[ChunkT]):
+class GradientAccumulator(SingleProcessHooks, Generic[ChunkT]):
     """Accumulates gradients over chunks and steps once per batch.
 
     Args:
@@ -294,7 +296,7 @@ class GradientAccumulator(Generic[ChunkT]):
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
             self._scaler_pending = True
-            overflow = not bool(th.isfinite(_total_norm(self.params)))
+            overflow = not bool(th.isfinite(gradients.total_norm(self.params)))
         elif self.regularizer is not None:
             self._check_finite_grads(len(chunks))
         if stats is not None:
@@ -303,7 +305,7 @@ class GradientAccumulator(Generic[ChunkT]):
         if overflow:
             # The scaled gradients overflowed: GradScaler skips the step and
             # lowers the scale; the regularizer and clipping are skipped with it.
-            grad_norm = float(_total_norm(self.params))
+            grad_norm = float(gradients.total_norm(self.params))
         else:
             self._regularize(mean_loss)
             grad_norm = self._clip_and_measure()
@@ -424,123 +426,19 @@ class GradientAccumulator(Generic[ChunkT]):
                 )
             previous, provisional = moments, stats.per_call
 
-    # Hooks for scale-out and mixed precision: the single-process, full-precision
-    # behaviour is the default; subclasses override.
-
-    def _loss_of_sums(
-        self,
-        task: TwoPassTask[ChunkT],
-        chunks: Sequence[ChunkT],
-        sums: th.Tensor,
-        n_items: int,
-    ) -> Tuple[ChunkLoss, th.Tensor]:
-        """Two-pass: the batch's loss from pass 1's sums, and its gradient.
-
-        The gradient is that of ``loss_sum / n_items`` with respect to ``sums``;
-        pass 2 backpropagates it through each chunk. The default computes both from
-        this process's sums. That is the global batch's loss gradient restricted to
-        this process's items whenever each item's loss depends on its own sums
-        only, as with fragment pairs split among processes by whole pairs; a
-        subclass whose items couple across processes would all-gather ``sums``
-        here, compute the loss over the global batch, and return its share.
-
-        Args:
-            task: The two-pass task.
-            chunks: This process's chunks of the batch.
-            sums: Every group sum of this process's items, from pass 1.
-            n_items: Items in the whole batch (the loss divisor).
-
-        Returns:
-            The batch's losses (detached) and the gradient, shaped like ``sums``.
-        """
-        leaf = sums.detach().requires_grad_(True)
-        with th.enable_grad():
-            out = task.loss_of_sums(chunks, leaf)
-            (grad,) = th.autograd.grad(out.loss_sum / n_items, leaf)
-        detached = ChunkLoss(
-            out.loss_sum.detach(),
-            out.item_losses.detach(),
-            {name: value.detach() for name, value in out.metric_sums.items()},
-        )
-        return detached, grad
-
-    def _chunk_context(
-        self, index: int, n_chunks: int
-    ) -> contextlib.AbstractContextManager:
-        """Context for chunk ``index``'s forward/backward (DDP: ``no_sync``)."""
-        del index, n_chunks
-        return contextlib.nullcontext()
-
-    def _backward(self, loss: th.Tensor) -> None:
-        """Backpropagates one chunk's share of the batch loss (scaled for float16)."""
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        loss.backward()
-
-    def _global_sum(self, value: th.Tensor) -> th.Tensor:
-        """Sums a per-process figure over all processes of a step."""
-        return value
-
-    def _join_without_items(self) -> None:
-        """Takes part in a step in which this process has no items (DDP)."""
-
-    def _global_means(
-        self,
-        sums: Mapping[str, th.Tensor],
-        names: Sequence[str],
-        n_items: int,
-    ) -> Dict[str, float]:
-        """Sums of every metric over all processes, divided by ``n_items``."""
-        keys = list(dict.fromkeys([*names, *sums]))
-        device = self.device
-        return {
-            k: float(self._global_sum(th.as_tensor(sums.get(k, 0.0), device=device)))
-            / n_items
-            for k in keys
-        }
-
-    def _all_reduce_moments(
-        self,
-        moments: norm_replay.CallMoments,
-    ) -> norm_replay.CallMoments:
-        """Merges norm-input moments gathered by every process."""
-        return moments
-
     def _check_finite_grads(self, n_chunks: int) -> None:
-        norm = _total_norm(self.params)
-        if not th.isfinite(norm):
+        if not th.isfinite(gradients.total_norm(self.params)):
             raise FloatingPointError(
                 f"non-finite gradient at step {self.n_steps} after {n_chunks} "
                 "minibatches; the step was discarded",
             )
 
     def _regularize(self, mean_loss: float) -> None:
-        if self.regularizer is None:
-            return
-        saved = None
-        if not isinstance(self.regularizer, regularizers.LossRegularizer):
-            # Weight regularizers edit parameters in place; keep them for rollback.
-            saved = [p.detach().clone() for p in self.params]
-        try:
-            # A leaf standing for the batch loss: loss regularizers add their
-            # penalty to it and backpropagate once; weight regularizers call
-            # backward on it (a no-op for the parameters) and decay the weights.
-            batch_loss = th.tensor(mean_loss, device=self.device, requires_grad=True)
-            self.regularizer.regularize_and_backward(batch_loss)
-        except BaseException:
-            if saved is not None:
-                with th.no_grad():
-                    for p, old in zip(self.params, saved):
-                        p.copy_(old)
-            raise
+        if self.regularizer is not None:
+            gradients.regularize(self.regularizer, self.params, mean_loss, self.device)
 
     def _clip_and_measure(self) -> float:
-        if self.max_grad_norm is not None:
-            grads = [p for p in self.params if p.grad is not None]
-            if not grads:
-                return 0.0
-            return float(th.nn.utils.clip_grad_norm_(grads, self.max_grad_norm))
-        return float(_total_norm(self.params))
+        return gradients.clip_and_measure(self.params, self.max_grad_norm)
 
     def evaluate(
         self,
@@ -586,13 +484,3 @@ class GradientAccumulator(Generic[ChunkT]):
 def _concat_outputs(outs: Sequence[ChunkLoss]) -> Optional[th.Tensor]:
     parts = [out.item_outputs for out in outs if out.item_outputs is not None]
     return th.cat(parts) if parts else None
-
-
-def _total_norm(params: Sequence[th.Tensor]) -> th.Tensor:
-    grads = [p.grad.detach() for p in params if p.grad is not None]
-    if not grads:
-        return th.zeros(())
-    total_norm = getattr(th.nn.utils, "get_total_norm", None)  # torch >= 2.6
-    if total_norm is not None:
-        return total_norm(grads)
-    return th.linalg.vector_norm(th.stack([th.linalg.vector_norm(g) for g in grads]))

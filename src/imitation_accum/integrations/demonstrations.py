@@ -6,7 +6,7 @@ demonstrations from a local file instead (``demonstrations.source=local``,
 (``imitation.data.serialize.save``). :func:`make_demonstrations` rolls a policy out
 in an environment and saves such a file; from the command line::
 
-    python -m imitation_accum.demonstrations \
+    python -m imitation_accum.integrations.demonstrations \
         --gym-id imitation_accum/PongNoFrameskip-v4 --episodes 20 --out demos/pong \
         --policy-type ppo --policy-path path/to/model.zip
 

@@ -13,7 +13,7 @@ with this package's exact accumulation. While patched, in imitation's modules:
   ingredient) builds CNN reward nets;
 - ``data.huggingface_utils.TrajectoryDatasetSequence`` (what
   ``data.serialize.load`` returns) is
-  :class:`imitation_accum.demonstrations.TrajectoryDatasetSequence`, which loads
+  :class:`imitation_accum.integrations.demonstrations.TrajectoryDatasetSequence`, which loads
   saved uint8 frames as uint8 (imitation's makes them int64).
 
 imitation's reward ingredient always gives its nets a ``normalize_input_layer``,

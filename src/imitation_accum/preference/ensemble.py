@@ -1,10 +1,10 @@
 """Ensembles: each member of a ``RewardEnsemble`` trained like a plain net."""
 
+import inspect
 from typing import Any, Mapping, Optional
 
 import numpy as np
 from imitation.algorithms import preference_comparisons as pc
-from imitation.regularization import regularizers
 from imitation.util import logger as imit_logger
 
 from imitation_accum.preference.trainer import CrossEntropyRewardTrainer
@@ -16,7 +16,13 @@ class EnsembleTrainer(CrossEntropyRewardTrainer, pc.EnsembleTrainer):
     A drop-in for imitation's ``EnsembleTrainer``: the same arguments, bagging
     (each member trains on its own resample of the dataset, drawn from ``rng``) and
     member-averaged metrics; each member gets every guarantee of
-    :class:`CrossEntropyRewardTrainer`. Arguments as there.
+    :class:`CrossEntropyRewardTrainer`.
+
+    Args:
+        preference_model: The preference model of a ``RewardEnsemble``.
+        *args: The further arguments of :class:`CrossEntropyRewardTrainer`, in its
+            order; each member trainer gets them too.
+        **kwargs: Its keyword arguments.
     """
 
     _for_ensembles = True
@@ -24,45 +30,24 @@ class EnsembleTrainer(CrossEntropyRewardTrainer, pc.EnsembleTrainer):
     def __init__(
         self,
         preference_model: pc.PreferenceModel,
-        loss: pc.RewardLoss,
-        rng: np.random.Generator,
-        batch_size: int = 32,
-        minibatch_size: Optional[int] = None,
-        epochs: int = 1,
-        lr: float = 1e-3,
-        custom_logger: Optional[imit_logger.HierarchicalLogger] = None,
-        regularizer_factory: Optional[regularizers.RegularizerFactory] = None,
+        *args: Any,
         **kwargs: Any,
     ) -> None:
-        super().__init__(
-            preference_model,
-            loss,
-            rng,
-            batch_size,
-            minibatch_size,
-            epochs,
-            lr,
-            custom_logger,
-            regularizer_factory,
-            **kwargs,
+        super().__init__(preference_model, *args, **kwargs)
+        # The members take the same arguments, with this trainer's rng and logger.
+        bound = inspect.signature(CrossEntropyRewardTrainer).bind(
+            preference_model, *args, **kwargs
         )
-        self.member_trainers = [
-            CrossEntropyRewardTrainer(
-                member_pref_model,
-                loss,
-                self.rng,
-                batch_size,
-                minibatch_size,
-                epochs,
-                lr,
-                self.logger,
-                regularizer_factory,
-                **kwargs,
-            )
-            for member_pref_model in self._preference_model.member_pref_models
-        ]
-        for member in self.member_trainers:  # one net architecture: tuned once
-            member.planner.forward_sizes = self.planner.forward_sizes  # type: ignore[attr-defined]
+        member_arguments = dict(
+            bound.arguments, rng=self.rng, custom_logger=self.logger
+        )
+        self.member_trainers = []
+        for member_pref_model in self._preference_model.member_pref_models:
+            member_arguments["preference_model"] = member_pref_model
+            member = CrossEntropyRewardTrainer(**member_arguments)
+            # One net architecture for all: forward sizes are tuned once.
+            member.planner.forward_sizes = self.planner.forward_sizes
+            self.member_trainers.append(member)
 
     @property
     def logger(self) -> imit_logger.HierarchicalLogger:

@@ -29,6 +29,7 @@ from imitation_accum.planning.plan import StepPlan
 from imitation_accum.planning.planner import Planner
 from imitation_accum.preference import (
     arguments,
+    memory_plan,
     pair_table,
     pair_task,
     records,
@@ -366,48 +367,14 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         return self._evaluate(table, np.arange(len(table)))
 
     def _plan_memory(self, table: pair_table.PreferenceTable) -> None:
-        """Sizes chunks from ``memory_budget`` (a probe on the first pair).
-
-        Raises:
-            ValueError: if not even one transition fits in the budget.
-        """
-        device = self._task.device
-        precision.check_supported(self.autocast_dtype, device)  # the net may move
-        if self.memory_budget is None:
-            return
-        planner = self.planner
-        key = PairWorkload.of(self._task, table, np.arange(1), self.engine).key
-        if planner.profile is None or planner.profile_key != key:
-            planner.profile, planner.profile_key = self._probe(table), key
-        largest_batch = int(np.sort(table.lengths.sum(1))[-self.batch_size :].sum())
-        in_bytes = planner.fit_budget(
-            self.memory_budget,
-            planner.profile,
-            device=device,
-            resident_bytes=budget.resident_training_bytes(self.optim),
-            largest_batch=largest_batch,
-        )
-        self.logger.log(
-            probe.budget_message(
-                in_bytes,
-                planner.profile,
-                cap=planner.chunk_cap or 0,
-                item=int(table.lengths.sum(1).max()),
-                largest_batch=largest_batch,
-            ),
-        )
+        """Sizes chunks from ``memory_budget``, if one is given (before training)."""
+        precision.check_supported(self.autocast_dtype, self._task.device)
+        if self.memory_budget is not None:
+            memory_plan.fit_budget(self, table)
 
     def _probe(self, table: pair_table.PreferenceTable) -> probe.ActivationProfile:
         """Counts what a few reward-net calls on the first pair keep for backward."""
-        frame = np.asarray(table.pairs[0][0].obs)
-        return probe.profile_workload(
-            PairWorkload.of(self._task, table, np.arange(1), self.engine),
-            sample_transitions=1,
-            fixed_bytes=budget.training_state_bytes(self.optim),
-            # obs and next_obs converted to float32 on the device.
-            input_bytes_per_transition=2 * 4 * int(np.prod(frame.shape[1:])),
-            checkpointed=self.activation_checkpointing,
-        )
+        return memory_plan.probe_first_pair(self, table)
 
     def _update_regularizer(
         self,

@@ -17,7 +17,7 @@ training until preferences are gathered (``total_timesteps / num_iterations``
 frames). See :func:`host_memory_bytes`.
 """
 
-from typing import Any, Dict
+from typing import Any, Callable, Dict
 
 from imitation.rewards import reward_nets
 from imitation.util import networks
@@ -263,3 +263,24 @@ def host_memory_bytes(
     agent_buffer = total_timesteps // num_iterations * frame_bytes
     total = dataset + agent_buffer
     return dict(dataset=dataset, agent_buffer=agent_buffer, total=total)
+
+
+def add_named_configs(
+    ex: Any,
+    fast: Dict[str, Any],
+    game_config: Callable[[str], Dict[str, Any]],
+    unwrapped_config: Callable[[], Dict[str, Any]],
+) -> None:
+    """Replaces imitation's ``fast`` named config and adds the Atari ones.
+
+    Args:
+        ex: The sacred experiment.
+        fast: The ``fast`` config, imitation's extended.
+        game_config: The named config of a game (ALE name).
+        unwrapped_config: The config of ``atari_pong_unwrapped``.
+    """
+    del ex.named_configs["fast"]
+    ex.add_named_config("fast", fast)
+    for name, game in GAMES.items():
+        ex.add_named_config(name, game_config(game))
+    ex.add_named_config("atari_pong_unwrapped", unwrapped_config())

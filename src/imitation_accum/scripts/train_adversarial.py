@@ -11,7 +11,7 @@ exactly and ``max_grad_norm`` is a config key too. Added: the Atari named config
 for tests, and checks that reject a bad config before anything is built.
 
 Demonstrations come from a local file offline: ``demonstrations.source=local
-demonstrations.path=PATH`` (see :mod:`imitation_accum.demonstrations` for how to
+demonstrations.path=PATH`` (see :mod:`imitation_accum.integrations.demonstrations` for how to
 make one).
 
 Usage::
@@ -104,16 +104,11 @@ FAST: Dict[str, Any] = dict(
     demonstrations=dict(n_expert_demos=None),
 )
 
-del train_adversarial_ex.named_configs["fast"]  # imitation's, extended
-train_adversarial_ex.add_named_config("fast", FAST)
-for _name, _game in atari_configs.GAMES.items():
-    train_adversarial_ex.add_named_config(
-        _name,
-        atari_configs.adversarial_config(_game),
-    )
-train_adversarial_ex.add_named_config(
-    "atari_pong_unwrapped",
-    atari_configs.adversarial_unwrapped_config(),
+atari_configs.add_named_configs(
+    train_adversarial_ex,
+    FAST,
+    atari_configs.adversarial_config,
+    atari_configs.adversarial_unwrapped_config,
 )
 
 

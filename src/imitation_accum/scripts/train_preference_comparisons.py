@@ -87,16 +87,11 @@ FAST: Dict[str, Any] = dict(
     policy_evaluation=dict(n_episodes_eval=1),
 )
 
-del train_preference_comparisons_ex.named_configs["fast"]  # imitation's, extended
-train_preference_comparisons_ex.add_named_config("fast", FAST)
-for _name, _game in atari_configs.GAMES.items():
-    train_preference_comparisons_ex.add_named_config(
-        _name,
-        atari_configs.preference_config(_game),
-    )
-train_preference_comparisons_ex.add_named_config(
-    "atari_pong_unwrapped",
-    atari_configs.preference_unwrapped_config(),
+atari_configs.add_named_configs(
+    train_preference_comparisons_ex,
+    FAST,
+    atari_configs.preference_config,
+    atari_configs.preference_unwrapped_config,
 )
 
 
