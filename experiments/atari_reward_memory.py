@@ -16,7 +16,13 @@ Usage::
         --frames 84x84x4 --batch 128 --minibatches 32,48,64,128
     python experiments/atari_reward_memory.py --device cuda \
         --frames 210x160x3 --batch 30 --minibatches 6,10,15,30
-    python experiments/atari_reward_memory.py --quick   # CPU, tiny, checks it runs
+    python experiments/atari_reward_memory.py --quick --out-dir /tmp/atari  # CPU
+
+Writes ``atari_reward_memory_<frames>.{md,json}`` (e.g.
+``atari_reward_memory_84x84x4.md``) to ``--out-dir`` (default ``docs/results/``;
+with ``--quick``, ``output/experiments/``, which git ignores). ``--quick`` checks
+that the script runs, in seconds: on the CPU, batch 4, minibatch sizes 2 and 4,
+5-frame fragments, one step; its figures mean little.
 """
 
 import argparse
@@ -25,6 +31,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
@@ -35,6 +42,7 @@ from imitation.data.types import TrajectoryWithRew
 from imitation.rewards import reward_nets
 from imitation.util import networks
 
+import _results
 from imitation_accum import CrossEntropyRewardTrainer
 
 GIB = 2**30
@@ -136,7 +144,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="tiny sizes on CPU")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    _results.add_out_dir(parser)
     args = parser.parse_args()
+    _results.resolve_out_dir(args)
     if args.child:
         print(json.dumps(measure(json.loads(args.child))))
         return
@@ -166,15 +176,41 @@ def main() -> None:
         row["estimate_gib"] = per_pair * minibatch
         rows.append(row)
         print(json.dumps(row), flush=True)
+    write_results(rows, args, frames, per_pair)
+
+
+def write_results(
+    rows: List[Dict[str, Any]],
+    args: argparse.Namespace,
+    frames: Tuple[int, ...],
+    per_pair: float,
+) -> None:
+    """The table (Markdown) and the rows (JSON), in ``args.out_dir``."""
     unit = "GiB" if args.device.startswith("cuda") else "GiB (peak RSS)"
-    print(f"\n| minibatch | estimate GiB | peak allocated {unit} | reserved | s/step |")
-    print("|---|---|---|---|---|")
+    lines = [
+        f"CnnRewardNet (RunningNorm output) on {'x'.join(map(str, frames))} frames, "
+        f"batch {args.batch} pairs of two {args.fragment_length}-frame fragments, "
+        f"device {args.device}: autograd saves {per_pair:.3f} GiB per pair.",
+        "",
+        f"| minibatch | estimate GiB | peak allocated {unit} | reserved | s/step |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
-        print(
+        lines.append(
             f"| {r['minibatch']} | {r['estimate_gib']:.1f} | "
             f"{r['peak_allocated_gib']:.1f} | {r['peak_reserved_gib']:.1f} | "
             f"{r['seconds_per_step']:.2f} |",
         )
+    text = "\n".join(lines)
+    print("\n" + text)
+    stem: Path = args.out_dir / f"atari_reward_memory_{'x'.join(map(str, frames))}"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".md").write_text(_results.with_made_by(text, args.device))
+    made_by = _results.made_by(args.device)
+    stem.with_suffix(".json").write_text(
+        json.dumps({"made_by": made_by, "results": rows}, indent=1)
+    )
+    print(f"wrote {stem}.{{md,json}}")
 
 
 if __name__ == "__main__":

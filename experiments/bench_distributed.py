@@ -14,6 +14,14 @@ Usage::
     python experiments/bench_distributed.py --net cnn --pairs 64 --fragment-length 25
     python experiments/bench_distributed.py --device cuda --processes 1 2 4 8
         --net cnn --pairs 2048 --batch-size 256 --minibatch-size 32  (one line)
+    python experiments/bench_distributed.py --quick --out-dir /tmp/distributed
+
+Writes ``bench_distributed.{md,json}`` to ``--out-dir`` (default
+``docs/results/``, the committed figures; with ``--quick``,
+``output/experiments/``, which git ignores; ``--json FILE`` names the JSON file).
+``--quick`` checks that the script runs, in seconds: 1 and 2 processes of one
+thread each, 32 pairs of 5-step fragments, batch 16, one timed epoch (flags given
+explicitly still count); its figures mean little.
 """
 
 import argparse
@@ -27,6 +35,18 @@ import time
 from typing import Any, Dict, List
 
 import numpy as np
+
+import _results
+
+#: --quick: the defaults it changes.
+QUICK = {
+    "processes": [1, 2],
+    "pairs": 32,
+    "fragment_length": 5,
+    "batch_size": 16,
+    "epochs": 1,
+    "threads": 1,
+}
 
 
 def synthetic_dataset(args: argparse.Namespace):
@@ -213,11 +233,22 @@ def parse(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=2, help="timed epochs")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=0, help="0: cores / procs")
-    parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="seconds, to check it runs (see the docstring)",
+    )
+    _results.add_out_dir(parser)
+    parser.add_argument(
+        "--json", help="the rows' file (default OUT_DIR/bench_distributed.json)"
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="s per job")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
+    if "--quick" in argv:
+        parser.set_defaults(**QUICK)
     args = parser.parse_args(argv)
+    _results.resolve_out_dir(args)
     if args.forward_size != "auto":
         args.forward_size = int(args.forward_size)
     return args
@@ -234,9 +265,17 @@ def main(argv: List[str]) -> None:
             output = str(pathlib.Path(scratch) / f"{processes}.json")
             rows.append(launch(args, processes, output))
             print(json.dumps(rows[-1]), flush=True)
-    print(table(rows))
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(rows, indent=2))
+    text = table(rows)
+    print(text)
+    device = rows[0]["device"]
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    md = args.out_dir / "bench_distributed.md"
+    md.write_text(_results.with_made_by(text, device))
+    made_by = _results.made_by(device)
+    out = pathlib.Path(args.json) if args.json else md.with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"made_by": made_by, "results": rows}, indent=2))
+    print(f"wrote {md} and {out}")
 
 
 if __name__ == "__main__":

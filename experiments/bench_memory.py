@@ -31,12 +31,21 @@ and the measured peak (minutes on a small CPU).
 Usage::
 
     python experiments/bench_memory.py                  # CPU, all series
-    python experiments/bench_memory.py --quick          # fewer points
+    python experiments/bench_memory.py --fewer-points   # fewer points
     python experiments/bench_memory.py --issue-506      # + the real-size case
     python experiments/bench_memory.py --series= --issue-506  # that case alone
     python experiments/bench_memory.py --device cuda    # CUDA figures
+    python experiments/bench_memory.py --quick --out-dir /tmp/memory  # seconds
 
-Writes ``experiments/results/memory[_cuda].{md,json,png}`` (``--out`` to change).
+Writes ``memory[_cuda].{md,json,png}`` to ``--out-dir`` (default
+``docs/results/``, the committed figures; with ``--quick``,
+``output/experiments/``, which git ignores; ``--out STEM`` to name the files).
+``--quick`` checks that the script runs, in seconds: five points (two minibatch
+sizes, one budget, two passes, the planner's choice) of 2 pairs of 2-frame
+fragments (unless ``--batch-pairs`` or ``--fragment-length`` say otherwise), two
+steps each; its figures mean little, and ``--check`` leaves out its time target.
+``--fewer-points`` keeps the sizes and leaves out some minibatch sizes and
+budgets.
 """
 
 import argparse
@@ -55,12 +64,15 @@ from imitation.data.types import TrajectoryWithRew
 from imitation.rewards.reward_nets import CnnRewardNet
 from imitation.util import logger as imit_logger
 
+import _results
 from imitation_accum import CrossEntropyRewardTrainer
+from imitation_accum.planning.budget import parse_budget
 from imitation_accum.preference import pair_table
 
 SHAPE = (210, 160, 3)
 N_ACTIONS = 6
-RESULTS = Path(__file__).parent / "results"
+# --quick: pairs per batch, frames per fragment, steps per point (defaults).
+QUICK_SIZES = {"batch_pairs": 2, "fragment_length": 2, "steps": 2}
 
 
 # Child process: one point ------------------------------------------------------
@@ -198,13 +210,16 @@ def points(args: argparse.Namespace) -> List[Dict[str, Any]]:
         "device": args.device,
         "batch_pairs": args.batch_pairs,
         "length": args.fragment_length,
-        "steps": 3,
+        "steps": QUICK_SIZES["steps"] if args.quick else 3,
     }
     pair = 2 * args.fragment_length
-    minibatches = [1, 2] if args.quick else [1, 2, 4]
-    budgets = ["1GiB", "2GiB"] if args.quick else ["512MiB", "1GiB", "2GiB", "4GiB"]
+    fewer = args.fewer_points or args.quick
+    minibatches = [1, 2] if fewer else [1, 2, 4]
+    budgets = ["1GiB", "2GiB"] if fewer else ["512MiB", "1GiB", "2GiB", "4GiB"]
     if args.device == "cuda":
         budgets = ["1GiB", "2GiB", "4GiB", "8GiB"]
+    if args.quick:
+        budgets = budgets[:1]
     series: List[Dict[str, Any]] = []
     for k in minibatches:
         series.append(
@@ -221,13 +236,16 @@ def points(args: argparse.Namespace) -> List[Dict[str, Any]]:
                 **base,
                 "series": "budget",
                 "label": f"memory_budget={budget}",
-                "budget_bytes": budget.parse_budget(budget),
+                "budget_bytes": parse_budget(budget),
                 "trainer": {"memory_budget": budget},
             }
         )
     timing = [(pair, "same chunk, one call per chunk"), (4, "calls of 4")]
+    if args.quick:
+        timing = timing[:1]
+    # --quick: minibatch_size=1 is the one-pass point of the same chunk.
     for size, what in timing:
-        for two_pass in (False, True):
+        for two_pass in (True,) if args.quick else (False, True):
             series.append(
                 {
                     **base,
@@ -368,7 +386,7 @@ def report(results: List[Dict[str, Any]], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: List[Dict[str, Any]], path: Path, device: str) -> None:
+def plot(results: List[Dict[str, Any]], path: Path, device: str, made_by: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -396,19 +414,36 @@ def plot(results: List[Dict[str, Any]], path: Path, device: str) -> None:
     right.set_ylabel("peak GiB" + what)
     right.set_title("Peak memory against memory_budget")
     right.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.text(0.005, 0.005, made_by.replace("`", ""), fontsize=5, color="gray")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path, dpi=110, metadata={"Description": made_by})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--point", help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--quick", action="store_true", help="fewer points")
+    parser.add_argument("--fewer-points", action="store_true", help="fewer points")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="seconds, to check it runs: fewer, smaller points (see the docstring)",
+    )
     parser.add_argument("--issue-506", action="store_true", help="the real-size case")
-    parser.add_argument("--batch-pairs", type=int, default=4)
-    parser.add_argument("--fragment-length", type=int, default=25)
-    parser.add_argument("--out", type=Path, default=None, help="output stem")
+    parser.add_argument(
+        "--batch-pairs",
+        type=int,
+        help=f"default 4 (--quick: {QUICK_SIZES['batch_pairs']})",
+    )
+    parser.add_argument(
+        "--fragment-length",
+        type=int,
+        help=f"default 25 (--quick: {QUICK_SIZES['fragment_length']})",
+    )
+    _results.add_out_dir(parser)
+    parser.add_argument(
+        "--out", type=Path, default=None, help="output stem (default OUT_DIR/memory)"
+    )
     parser.add_argument(
         "--series",
         default="minibatch,budget,time",
@@ -418,9 +453,15 @@ def main() -> None:
         "--check",
         action="store_true",
         help="exit 1 unless the targets hold (budgets kept, estimate conservative, "
-        "linear peak, two-pass at most 1.5x one pass at the same chunk)",
+        "linear peak, two-pass at most 1.5x one pass at the same chunk, the last "
+        "not with --quick)",
     )
     args = parser.parse_args()
+    _results.resolve_out_dir(args)
+    if args.batch_pairs is None:
+        args.batch_pairs = QUICK_SIZES["batch_pairs"] if args.quick else 4
+    if args.fragment_length is None:
+        args.fragment_length = QUICK_SIZES["fragment_length"] if args.quick else 25
     if args.point:
         print(json.dumps(run_point(json.loads(args.point))))
         return
@@ -449,13 +490,18 @@ def main() -> None:
             flush=True,
         )
         results.append(result)
-    stem = args.out or RESULTS / ("memory" if args.device == "cpu" else "memory_cuda")
+    name = "memory" if args.device == "cpu" else "memory_cuda"
+    stem = args.out or args.out_dir / name
     stem.parent.mkdir(parents=True, exist_ok=True)
     text = report(results, args)
-    stem.with_suffix(".md").write_text(text)
-    stem.with_suffix(".json").write_text(json.dumps(results, indent=1))
-    plot(results, stem.with_suffix(".png"), args.device)
+    made_by = _results.made_by(args.device)
+    stem.with_suffix(".md").write_text(_results.with_made_by(text, args.device))
+    stem.with_suffix(".json").write_text(
+        json.dumps({"made_by": made_by, "results": results}, indent=1)
+    )
+    plot(results, stem.with_suffix(".png"), args.device, made_by)
     print(text)
+    print(f"wrote {stem}.{{md,json,png}}")
     if args.check:
         figures = summary(results)
         failures = []
@@ -465,7 +511,10 @@ def main() -> None:
             failures.append("a step peak exceeded its estimate")
         if figures["fit"] is not None and figures["fit"]["r2"] < 0.98:
             failures.append("peak memory is not linear in the chunk size")
-        if figures["time_ratios"].get("same chunk, one call per chunk", 0) > 1.5:
+        two_over_one = figures["time_ratios"].get("same chunk, one call per chunk", 0)
+        if args.quick:
+            print("--quick: the time target is not checked (tiny points)")
+        elif two_over_one > 1.5:
             failures.append("two passes cost more than 1.5x one pass")
         for failure in failures:
             print(f"CHECK FAILED: {failure}", file=sys.stderr)

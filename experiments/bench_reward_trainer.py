@@ -17,13 +17,21 @@ the same invocation.
 Usage::
 
     python experiments/bench_reward_trainer.py            # all configurations
-    python experiments/bench_reward_trainer.py --quick    # fewer epochs
     python experiments/bench_reward_trainer.py --memory   # memory against sizes
     python experiments/bench_reward_trainer.py --same-process
+    python experiments/bench_reward_trainer.py --quick --out-dir /tmp/bench
+
+Tables go to ``--out-dir`` (default ``docs/results/``, the committed ones; with
+``--quick``, ``output/experiments/``, which git ignores):
+``bench_reward_trainer.md``, ``bench_reward_trainer_memory.md``,
+``bench_reward_trainer_same_process.md``. ``--quick`` (with any of the three
+modes) checks that the script runs, in seconds: the ``mlp`` configuration alone,
+two epochs, one repeat; with ``--memory``, two points (batch 4, minibatch sizes 1
+and 2) of 8 pairs of 5-frame fragments, one epoch. Its figures mean little.
 
 ``--same-process`` times this trainer and the bare loop in one process, at the
 same fixed forward sizes, interleaved, and writes
-``results/bench_reward_trainer_same_process.md``: what the trainer adds to the
+``bench_reward_trainer_same_process.md``: what the trainer adds to the
 loop with the allocator's state and the forward size taken out of the
 comparison.
 
@@ -31,7 +39,7 @@ comparison.
 and 4, with glibc's ``MALLOC_MMAP_THRESHOLD_`` fixed at 128 KiB so that freed
 activations leave the resident set (by default glibc raises the threshold as
 blocks are freed and keeps them resident, which hides what a step holds), and
-writes ``results/bench_reward_trainer_memory.md``.
+writes ``bench_reward_trainer_memory.md``.
 """
 
 import argparse
@@ -53,6 +61,8 @@ from imitation.rewards.reward_nets import BasicRewardNet, CnnRewardNet
 from imitation.util import logger as imit_logger
 from torch.nn import functional as F  # noqa: N812
 
+import _results
+
 CONFIGS = {
     # name: (obs shape, net, pairs, fragment length, batch, minibatch); the CNN
     # configs use imitation's default fragment length, 100.
@@ -61,7 +71,8 @@ CONFIGS = {
     "cnn210": ((210, 160, 3), "cnn", 2, 100, 2, 1),
 }
 N_ACTIONS = 6
-RESULTS = Path(__file__).parent / "results"
+# --quick --memory: pairs and fragment length of its cnn84 points.
+QUICK_MEMORY_DATA = {"pairs": 8, "length": 5}
 
 
 def rss_bytes() -> int:
@@ -121,8 +132,12 @@ def worker(
     minibatch=None,
     batch=None,
     one_pass=False,
+    pairs=None,
+    length=None,
 ) -> dict:
-    shape, kind, n_pairs, length, batch_size, minibatch_size = CONFIGS[config]
+    shape, kind, n_pairs, default_length, batch_size, minibatch_size = CONFIGS[config]
+    n_pairs = pairs or n_pairs
+    length = length or default_length
     batch_size = batch or batch_size
     minibatch_size = minibatch or minibatch_size
     th.manual_seed(0)
@@ -165,6 +180,8 @@ def worker(
         "config": config,
         "batch_size": batch_size,
         "minibatch_size": minibatch_size,
+        "pairs": n_pairs,
+        "fragment_length": length,
         "seconds_per_epoch": seconds,
         "peak_rss_mib": peak / 2**20,
         "training_memory_mib": (peak - baseline) / 2**20,
@@ -280,28 +297,44 @@ def main() -> None:
     parser.add_argument("--minibatch", type=int)
     parser.add_argument("--batch", type=int)
     parser.add_argument("--one-pass", action="store_true")
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--pairs", type=int, help="worker: pairs in the dataset")
+    parser.add_argument("--length", type=int, help="worker: fragment length")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="seconds, to check it runs: mlp only, 2 epochs, 1 repeat",
+    )
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    parser.add_argument("--configs", nargs="*", choices=list(CONFIGS))
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--same-process", action="store_true")
+    _results.add_out_dir(parser)
     args = parser.parse_args()
+    _results.resolve_out_dir(args)
     if args.worker:
         result = worker(
-            *args.worker, args.epochs, args.minibatch, args.batch, args.one_pass
+            *args.worker,
+            args.epochs,
+            args.minibatch,
+            args.batch,
+            args.one_pass,
+            args.pairs,
+            args.length,
         )
         print(json.dumps(result))
         return
+    repeats = 1 if args.quick else args.repeats
     if args.memory:
-        memory_table(epochs=2)
+        memory_table(args.out_dir, epochs=1 if args.quick else 2, quick=args.quick)
         return
     if args.same_process:
-        same_process_table(repeats=args.repeats)
+        configs = ["mlp"] if args.quick else list(SAME_PROCESS)
+        same_process_table(args.out_dir, repeats, configs, quick=args.quick)
         return
     epochs = 2 if args.quick else args.epochs
-    repeats = 1 if args.quick else args.repeats
+    configs = args.configs or (["mlp"] if args.quick else list(CONFIGS))
     rows = []
-    for config in args.configs:
+    for config in configs:
         results: dict = {}
         # Interleaved fresh processes; the fastest run of each counts, as other
         # load on a shared machine only ever slows a run down.
@@ -313,10 +346,10 @@ def main() -> None:
                     results[impl] = run
         rows.append(results)
         print(json.dumps(results), flush=True)
-    write_tables(rows)
+    write_tables(rows, args.out_dir)
 
 
-def write_tables(rows) -> None:
+def write_tables(rows, out_dir: Path) -> None:
     header = (
         "config",
         "batch / minibatch",
@@ -343,22 +376,30 @@ def write_tables(rows) -> None:
             f"| {i['peak_rss_mib']:.0f} / {a['peak_rss_mib']:.0f} "
             f"/ {f['peak_rss_mib']:.0f} |",
         )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_reward_trainer.md").write_text("\n".join(lines) + "\n")
+    write(out_dir / "bench_reward_trainer.md", lines)
+
+
+def write(path: Path, lines) -> None:
+    """Writes the table ``lines`` to ``path``, then the line naming its maker."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_results.with_made_by("\n".join(lines)))
     print("\n".join(lines))
+    print(f"wrote {path}")
 
 
 # config -> (forward sizes, epochs per timed call)
 SAME_PROCESS = {"mlp": ((800,), 25), "cnn84": ((2, 4, 5, 8), 2)}
 
 
-def same_process_table(repeats: int) -> None:
+def same_process_table(out_dir: Path, repeats: int, configs, quick=False) -> None:
     """This trainer against the bare loop in one process, same forward sizes."""
     lines = [
         "| config | forward_size | accum s/epoch | floor s/epoch | accum / floor |",
         "|---|---|---|---|---|",
     ]
-    for config, (sizes, epochs) in SAME_PROCESS.items():
+    for config in configs:
+        sizes, epochs = SAME_PROCESS[config]
+        epochs = 2 if quick else epochs
         shape, kind, n_pairs, length, batch_size, minibatch_size = CONFIGS[config]
         th.manual_seed(0)
         dataset = make_data(shape, n_pairs, length)
@@ -382,18 +423,19 @@ def same_process_table(repeats: int) -> None:
                 f"| {min(accum) / min(floor):.2f}x |",
             )
             print(lines[-1], flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / "bench_reward_trainer_same_process.md"
-    path.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write(out_dir / "bench_reward_trainer_same_process.md", lines)
 
 
-def memory_table(epochs: int) -> None:
-    """Training memory of ``cnn84`` against batch and minibatch size."""
+def memory_table(out_dir: Path, epochs: int, quick=False) -> None:
+    """Training memory of ``cnn84`` against batch and minibatch size.
+
+    ``quick``: batch 4, minibatch sizes 1 and 2, short fragments.
+    """
     env = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+    data = QUICK_MEMORY_DATA if quick else {}
     runs = []
-    for batch in (4, 8):
-        for minibatch in (1, 2, 4):
+    for batch in (4,) if quick else (4, 8):
+        for minibatch in (1, 2) if quick else (1, 2, 4):
             runs.append(
                 run_worker(
                     "accum",
@@ -403,6 +445,7 @@ def memory_table(epochs: int) -> None:
                     batch=batch,
                     minibatch=minibatch,
                     one_pass=True,
+                    **data,
                 ),
             )
             print(json.dumps(runs[-1]), flush=True)
@@ -417,9 +460,7 @@ def memory_table(epochs: int) -> None:
             f"| {m['training_memory_mib']:.0f} | {m['seconds_per_epoch']:.2f} "
             f"| {m['forward_size']} |",
         )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_reward_trainer_memory.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write(out_dir / "bench_reward_trainer_memory.md", lines)
 
 
 if __name__ == "__main__":

@@ -14,26 +14,81 @@
 #
 # Usage (from anywhere; needs a CUDA GPU and the package with its dependencies,
 # e.g. `pip install -e .` in a CUDA build of PyTorch):
-#     experiments/gpu_check.sh [OUT_DIR]     # default: experiments/results
+#     experiments/gpu_check.sh [--out-dir DIR]     # default: docs/results
+#     experiments/gpu_check.sh --quick   # any machine; default: output/experiments
 # Exit status 0 and "GPU CHECK PASSED" when everything holds. Results land in
-# OUT_DIR/memory_cuda.{md,json,png}.
+# DIR/memory_cuda.{md,json,png} and DIR/gpu_check_cuda.md (the checks' lines).
+# Without --out-dir, DIR is docs/results (the committed tables) and, with --quick,
+# output/experiments (ignored by git), both at the repository root; a relative DIR
+# is taken from the current directory; DIR may also come as the one positional
+# argument (as before).
+#
+# --device cpu runs the same checks on the CPU: step 1 against the resident set
+# size, step 2 with the out-of-memory error simulated (a forward hook raises
+# torch.OutOfMemoryError for calls with gradient above a size), step 3 without
+# float16 (CUDA only). Files: DIR/memory_cpu.{md,json,png}, DIR/gpu_check_cpu.md.
+# --quick checks that the script runs, in seconds: the benchmark's memory series
+# at tiny sizes (bench_memory.py --quick --series minibatch,budget: no time
+# target) and, on the CPU, steps 2 and 3 on tiny datasets; without --device it
+# takes the CPU when there is no CUDA GPU. Its figures mean little.
 set -euo pipefail
+command="experiments/gpu_check.sh${*:+ $*}"
+out=
+device=
+quick=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out-dir) out=$2; shift 2 ;;
+    --out-dir=*) out=${1#*=}; shift ;;
+    --device) device=$2; shift 2 ;;
+    --device=*) device=${1#*=}; shift ;;
+    --quick) quick=1; shift ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) out=$1; shift ;;
+  esac
+done
+case $out in
+  "")  # in the repository, below; a quick run leaves the committed tables alone
+    if [ "$quick" = 1 ]; then out=output/experiments; else out=docs/results; fi ;;
+  /*) ;;
+  *) out="$PWD/$out" ;;
+esac
 cd "$(dirname "$0")/.."
-out=${1:-experiments/results}
-mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 python=${PYTHON:-python3}
 
-"$python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "no CUDA GPU")'
-"$python" -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0))'
+has_cuda='import torch, sys; sys.exit(0 if torch.cuda.is_available() else "no CUDA GPU")'
+if [ -z "$device" ]; then
+  device=cuda
+  if [ "$quick" = 1 ] && ! "$python" -c "$has_cuda" 2>/dev/null; then
+    device=cpu
+    echo "no CUDA GPU: --quick checks on the CPU"
+  fi
+fi
+case $device in
+  cuda)
+    "$python" -c "$has_cuda"
+    "$python" -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0))'
+    ;;
+  cpu) "$python" -c 'import torch; print(torch.__version__, "cpu")' ;;
+  *) echo "gpu_check.sh: --device must be cuda or cpu, not $device" >&2; exit 2 ;;
+esac
+mkdir -p "$out"
 
 start=$SECONDS
 bench_status=0
-"$python" experiments/bench_memory.py --device cuda --check --quick \
-  --fragment-length 50 --out "$out/memory_cuda" || bench_status=$?
+if [ "$quick" = 1 ]; then
+  # Its --check leaves out the time target: the time series can go too.
+  sizes=(--quick --series minibatch,budget)
+else
+  sizes=(--fewer-points --fragment-length 50)
+fi
+"$python" experiments/bench_memory.py --device "$device" --check "${sizes[@]}" \
+  --out "$out/memory_$device" || bench_status=$?
 echo "bench: $((SECONDS - start)) s, status $bench_status"
 
-"$python" - <<'EOF'
+"$python" - "$device" "$quick" "$out/gpu_check_$device.md" "$command" <<'EOF'
 import copy
 import sys
 
@@ -45,23 +100,51 @@ from imitation.rewards.reward_nets import CnnRewardNet
 from imitation.util import logger as imit_logger
 
 sys.path.insert(0, "experiments")
+import _results  # noqa: E402
 from bench_memory import SHAPE, make_dataset  # noqa: E402
 
 from imitation_accum import CrossEntropyRewardTrainer  # noqa: E402
 
+_, device_name, quick, report_path, command = sys.argv
+quick = quick == "1"
 th.backends.cudnn.allow_tf32 = False
 th.backends.cuda.matmul.allow_tf32 = False
 th.backends.cudnn.deterministic = True
 th.backends.cudnn.benchmark = False
-device = th.device("cuda")
+device = th.device(device_name)
+cuda = device.type == "cuda"
 space = gym.spaces.Box(0, 255, SHAPE, np.uint8)
 failures = []
+lines = []
 
 
 def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
+    lines.append(("ok   " if ok else "FAIL ") + what)
+    print(lines[-1])
     if not ok:
         failures.append(what)
+
+
+def skip(what):
+    lines.append("skip " + what)
+    print(lines[-1])
+
+
+class OutOfMemoryAbove:
+    """On a CPU, a forward hook: OutOfMemoryError for calls with grad above limit.
+
+    It raises after the forward, as a real error would come part-way through.
+    """
+
+    def __init__(self, limit):
+        self.limit = limit
+
+    def __call__(self, module, args, output):
+        if th.is_grad_enabled() and len(args[0]) > self.limit:
+            raise th.OutOfMemoryError(
+                f"out of memory (simulated): {len(args[0])} transitions in one "
+                f"call, more than {self.limit}"
+            )
 
 
 def make_net(**kwargs):
@@ -95,56 +178,82 @@ def grads(net):
 
 
 # 2. A real out-of-memory error, halved away -----------------------------------
-dataset = make_dataset(4, 50)  # 400 transitions, about 7 GiB in one chunk
+# CUDA: 400 transitions, about 7 GiB in one chunk, PyTorch capped at 3 GiB. CPU:
+# the error simulated above 8 transitions per call.
+n_pairs, length = (2, 5) if quick and not cuda else (4, 50)
+dataset = make_dataset(n_pairs, length)
+n_transitions = 2 * n_pairs * length
 net = make_net()
 initial = copy.deepcopy(net)
-th.cuda.empty_cache()
-total = th.cuda.get_device_properties(device).total_memory
-th.cuda.set_per_process_memory_fraction(3 * 2**30 / total)
-trainer = trainer_for(net, batch_size=4, forward_size=1000, lr=0.01)
+if cuda:
+    th.cuda.empty_cache()
+    total = th.cuda.get_device_properties(device).total_memory
+    th.cuda.set_per_process_memory_fraction(3 * 2**30 / total)
+else:
+    net.register_forward_hook(OutOfMemoryAbove(8))
+trainer = trainer_for(net, batch_size=n_pairs, forward_size=1000, lr=0.01)
 trainer.train(dataset)
-cap = trainer.planner.max_transitions
+cap = trainer.planner.chunk_cap
 logged = trainer.logger.name_to_value
 print(
     f"after out-of-memory errors: chunks of at most {cap} transitions, two passes "
     f"{logged['reward/final/train/two_pass']}"
 )
-check(cap is not None and cap < 400, "an out-of-memory error halved the chunk")
+check(
+    cap is not None and cap < n_transitions,
+    f"an out-of-memory error halved the chunk ({n_transitions} to {cap})",
+)
 replay = copy.deepcopy(initial)
-uninterrupted = trainer_for(replay, batch_size=4, forward_size=1000, lr=0.01)
-uninterrupted._backed_off_cap = cap  # the final plan from the start
+uninterrupted = trainer_for(replay, batch_size=n_pairs, forward_size=1000, lr=0.01)
+uninterrupted.planner.backed_off_cap = cap  # the final plan from the start
 uninterrupted.train(dataset)
 start = list(initial.parameters())
 update = [p - q for p, q in zip(net.parameters(), start)]
 expected = [p - q for p, q in zip(replay.parameters(), start)]
 error = rel(update, expected)
 check(error < 1e-5, f"redone step equals an uninterrupted one (rel. error {error:.2e})")
-th.cuda.empty_cache()
-allocated = th.cuda.memory_allocated(device)
-th.cuda.set_per_process_memory_fraction((allocated + 8 * 2**20) / total)
+oom_net = make_net()
+if cuda:
+    th.cuda.empty_cache()
+    allocated = th.cuda.memory_allocated(device)
+    th.cuda.set_per_process_memory_fraction((allocated + 8 * 2**20) / total)
+else:
+    oom_net.register_forward_hook(OutOfMemoryAbove(0))
 try:
-    trainer_for(make_net(), batch_size=4, forward_size=1000).train(dataset)
+    trainer_for(oom_net, batch_size=n_pairs, forward_size=1000).train(dataset)
     check(False, "stops with a clear error at one transition")
 except th.OutOfMemoryError as oom:
     check("one transition" in str(oom), "stops with a clear error at one transition")
-th.cuda.set_per_process_memory_fraction(1.0)
-th.cuda.empty_cache()
+if cuda:
+    th.cuda.set_per_process_memory_fraction(1.0)
+    th.cuda.empty_cache()
 
 # 3. Two passes exact; bfloat16 and float16 ------------------------------------
-dataset = make_dataset(4, 30)
+n_pairs, length, call = (2, 4, 3) if quick and not cuda else (4, 30, 7)
+dataset = make_dataset(n_pairs, length)
+onednn = th.backends.mkldnn.enabled
+if not cuda:
+    # As TF32 on CUDA (off above): oneDNN's convolutions pick their algorithm by
+    # batch size, and chunked gradients then differ from the whole batch's by
+    # about 1e-3 (relative); PyTorch's own CPU convolutions agree to about 1e-6.
+    th.backends.mkldnn.enabled = False
 reference = make_net(dropout_prob=0.0)
-trainer_for(reference, batch_size=4, forward_size=1000, lr=1e-9).train(dataset)
+trainer_for(reference, batch_size=n_pairs, forward_size=1000, lr=1e-9).train(dataset)
 full = grads(reference)
-for kwargs in (dict(two_pass=True, forward_size=7), dict(minibatch_size=1)):
+for kwargs in (dict(two_pass=True, forward_size=call), dict(minibatch_size=1)):
     net = make_net()
-    trainer_for(net, batch_size=4, lr=1e-9, **kwargs).train(dataset)
+    trainer_for(net, batch_size=n_pairs, lr=1e-9, **kwargs).train(dataset)
     error = rel(grads(net), full)
     # float32 round-off of sums over 210x160 pixels: about 1e-5
     check(error < 1e-4, f"{kwargs}: full-batch gradient (rel. error {error:.2e})")
+th.backends.mkldnn.enabled = onednn  # bfloat16 on a CPU needs it to be quick
 for dtype, tolerance in (("bfloat16", 3e-2), ("float16", 5e-3)):
+    if dtype == "float16" and not cuda:
+        skip("float16: CUDA only")
+        continue
     net = make_net()
     trainer = trainer_for(
-        net, batch_size=4, minibatch_size=2, lr=1e-9, autocast_dtype=dtype
+        net, batch_size=n_pairs, minibatch_size=2, lr=1e-9, autocast_dtype=dtype
     )
     trainer.train(dataset)
     error = rel(grads(net), full)
@@ -152,6 +261,16 @@ for dtype, tolerance in (("bfloat16", 3e-2), ("float16", 5e-3)):
     scale = logged.get("reward/final/train/amp_loss_scale")
     check(error < tolerance, f"{dtype}: gradient within {tolerance} ({error:.2e}), "
           f"loss scale {scale}")
+with open(report_path, "w") as report:
+    report.write(
+        f"gpu_check.sh checks 2 and 3 on {device_name}"
+        f"{' (--quick: tiny datasets)' if quick and not cuda else ''}:\n\n"
+    )
+    report.write("".join(f"    {line}\n" for line in lines))
+    report.write(
+        "\n" + _results.made_by(device_name, command=command.replace("`", "'")) + "\n"
+    )
+print(f"wrote {report_path}")
 if failures:
     sys.exit(f"{len(failures)} GPU check(s) failed")
 EOF
@@ -159,4 +278,8 @@ if [ "$bench_status" -ne 0 ]; then
   echo "GPU CHECK FAILED: the benchmark's targets (see above)" >&2
   exit 1
 fi
-echo "GPU CHECK PASSED in $((SECONDS - start)) s"
+if [ "$device" = cuda ]; then
+  echo "GPU CHECK PASSED in $((SECONDS - start)) s"
+else
+  echo "CHECK PASSED on the CPU (no GPU figures) in $((SECONDS - start)) s"
+fi

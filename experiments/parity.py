@@ -16,8 +16,13 @@ B and B/4 only.
 
 Usage::
 
-    python experiments/parity.py            # writes experiments/results/parity.md
-    python experiments/parity.py --quick    # 2 seeds, fewer epochs
+    python experiments/parity.py            # writes docs/results/parity.md
+    python experiments/parity.py --quick   # seconds, into output/experiments/
+
+Writes ``parity.md`` to ``--out-dir`` (default ``docs/results/``, the committed
+table; with ``--quick``, ``output/experiments/``, which git ignores). ``--quick``
+checks that the script runs, in seconds: one seed, two epochs (``--seeds`` and
+``--epochs`` override either); its figures mean little.
 """
 
 import argparse
@@ -33,6 +38,7 @@ from imitation.rewards.reward_nets import BasicRewardNet
 from imitation.util import logger as imit_logger
 from imitation.util import networks
 
+import _results
 from imitation_accum import CrossEntropyRewardTrainer
 
 OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
@@ -40,7 +46,6 @@ ACT_SPACE = gym.spaces.Discrete(2)
 TRUE_WEIGHTS = np.array([1.0, -2.0, 0.5, 0.0], dtype=np.float32)
 BATCH = 32
 MINIBATCHES = (BATCH, BATCH // 4, 5)
-RESULTS = Path(__file__).parent / "results"
 
 
 def make_pairs(rng, n_pairs, length=10):
@@ -134,11 +139,19 @@ def max_relative_difference(net, reference):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="seconds, to check it runs: 1 seed, 2 epochs",
+    )
+    parser.add_argument("--seeds", type=int, help="seeds (default 5; --quick: 1)")
+    parser.add_argument("--epochs", type=int, help="epochs (default 40; --quick: 2)")
+    _results.add_out_dir(parser)
     args = parser.parse_args()
-    seeds = range(2) if args.quick else range(5)
-    epochs = 10 if args.quick else 40
+    _results.resolve_out_dir(args)
+    seeds = range(args.seeds or (1 if args.quick else 5))
+    epochs = args.epochs or (2 if args.quick else 40)
     data_rng = np.random.default_rng(1234)
     pairs, prefs, _ = make_pairs(data_rng, 250)  # 200 train + 50 val: 6 batches + 8
     test_pairs, _, test_truth = make_pairs(data_rng, 400)
@@ -166,10 +179,10 @@ def main() -> None:
         )
         rows.append(row)
         print(row, flush=True)
-    write_table(rows, len(test_truth), epochs)
+    write_table(rows, len(test_truth), epochs, args.out_dir)
 
 
-def write_table(rows, n_test, epochs) -> None:
+def write_table(rows, n_test, epochs, out_dir: Path) -> None:
     b, q, u = MINIBATCHES
     lines = [
         f"Held-out accuracy on {n_test} pairs after {epochs} epochs "
@@ -193,9 +206,11 @@ def write_table(rows, n_test, epochs) -> None:
             f"| {r[('imitation', b, 'lambda')]:.2e} / "
             f"{r[('imitation', q, 'lambda')]:.2e} |",
         )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "parity.md").write_text("\n".join(lines) + "\n")
+    path = out_dir / "parity.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_results.with_made_by("\n".join(lines)))
     print("\n".join(lines))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ The generator and its PPO are imitation's and SB3's, unchanged; demonstrations a
 rollouts of an untrained PPO policy (exactness does not need a good expert).
 """
 
+import re
 from typing import Optional
 
 import numpy as np
@@ -300,3 +301,22 @@ def test_channels_first_demonstrations_give_the_same_update(rng):
     wrong = {**expert, "obs": expert["obs"][:, :, :30]}
     with pytest.raises(ValueError, match=r"expert_samples\['obs'\]"):
         trainer.train_disc(expert_samples=wrong, gen_samples=gen)
+
+
+def test_a_wrong_sample_count_keeps_imitations_message(rng):
+    venv = setup.make_venv("CartPole-v1")
+    ppo = setup.small_ppo(venv)
+    net = BasicRewardNet(venv.observation_space, venv.action_space)
+    trainer = setup.make_trainer(
+        imitation_accum.GAIL, net, venv=venv, gen_algo=ppo, demo_batch_size=4
+    )
+    samples = setup.random_samples(rng, 4, venv)
+    short = setup.random_samples(rng, 3, venv)
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "Need to have exactly `demo_batch_size` number of expert and "
+            "generator samples, each."
+        ),
+    ):
+        trainer.train_disc(expert_samples=samples, gen_samples=short)

@@ -40,8 +40,8 @@ TIMEOUT_S = 240
 PARAM_TOL = 1e-6  # relative; float32 round-off of a few SGD steps is ~1e-7
 
 
-def make_dataset(n_pairs: int = 15) -> pc.PreferenceDataset:
-    return ref.make_dataset(np.random.default_rng(11), n_pairs, (3, 5))
+def make_dataset(n_pairs: int = 15, lengths=(3, 5)) -> pc.PreferenceDataset:
+    return ref.make_dataset(np.random.default_rng(11), n_pairs, lengths)
 
 
 def make_net(norm: type = networks.RunningNorm) -> reward_nets.RewardNet:
@@ -64,6 +64,19 @@ RUNNING_NORM_RUN = dict(
     forward_size=3,
     optimizer_cls=th.optim.SGD,
 )
+
+
+# AdamW, equal-length fragments: the output bias has an exact gradient of zero,
+# which must come out 0.0 on every rank (AdamW would turn round-off into a step).
+ADAMW_RUN = dict(
+    batch_size=8,
+    minibatch_size=3,
+    epochs=2,
+    lr=0.01,
+    forward_size=4,
+    optimizer_cls=th.optim.AdamW,
+)
+ADAMW_DATA = dict(n_pairs=16, lengths=(6,))
 
 
 # Every rank makes the same number of reward-net calls in every step (equal shares,
@@ -124,6 +137,7 @@ def train(
     seed: int = 3,
     discount: float = 1.0,
     n_pairs: int = 15,
+    lengths=(3, 5),
     before: Callable[[Any], None] = lambda trainer: None,
 ) -> Any:
     kwargs = dict(kwargs)
@@ -135,7 +149,7 @@ def train(
         **kwargs,
     )
     before(trainer)
-    trainer.train(make_dataset(n_pairs))
+    trainer.train(make_dataset(n_pairs, lengths))
     return trainer
 
 
@@ -318,6 +332,12 @@ def scenarios(rank: int) -> Dict[str, Any]:
             make_net,
             dict(RUNNING_NORM_RUN, epochs=1),
         ),
+        "adamw_equal_lengths": run_and_record(
+            trainer_cls,
+            make_net,
+            ADAMW_RUN,
+            **ADAMW_DATA,
+        ),
         "auto_forward_size": scenario_auto_forward_size(rank),
         "batch_smaller_than_world": expect_value_error(
             lambda: train(trainer_cls, make_net(), dict(batch_size=1)),
@@ -435,6 +455,15 @@ def test_two_ranks_equal_one_process(
         for got, want in zip(steps, expected["steps"]):
             assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
             assert got["accuracy"] == pytest.approx(want["accuracy"], abs=1e-9)
+
+
+def test_two_ranks_under_adamw_equal_one_process(ranks):
+    expected = single_process(make_net, ADAMW_RUN, **ADAMW_DATA)
+    for rank in ranks:
+        actual = rank["adamw_equal_lengths"]["state"]
+        assert relative_error(actual, expected["params"]) < PARAM_TOL
+        bias = "mlp.dense_final.bias"
+        assert th.equal(actual[bias], expected["params"][bias])
 
 
 @pytest.mark.parametrize(

@@ -154,7 +154,9 @@ def budget_for(net, dataset, n_transitions, **kwargs):
 
 @pytest.mark.parametrize(
     "cap, two_pass, n_chunks",
-    [(12, 0.0, 5), (16, 0.0, 3), (5, 1.0, 10)],  # pairs of 8; calls of 4
+    # pairs of 5 + 3 transitions; calls of 4; two passes cut each side on its
+    # own: 25 first-fragment transitions in 7 calls, 15 second-fragment in 4
+    [(12, 0.0, 5), (16, 0.0, 3), (5, 1.0, 11)],
 )
 def test_budget_sizes_chunks_in_transitions_and_stays_exact(
     rng, cap, two_pass, n_chunks

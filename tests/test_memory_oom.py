@@ -13,7 +13,7 @@ import torch as th
 from imitation.rewards.reward_nets import BasicRewardNet
 from imitation.util import networks
 
-from imitation_accum.engine import norm_replay
+from imitation_accum.engine import gradients, norm_replay
 from tests import reference as ref
 from tests.test_preference_exactness import TOL, make_trainer
 
@@ -93,21 +93,53 @@ def test_redone_steps_equal_uninterrupted_ones(rng):
         th.testing.assert_close(dict(net.named_buffers())[name], value)
 
 
-def test_redoing_without_restoring_norm_buffers_fails(rng, monkeypatch):
-    dataset = ref.make_dataset(rng, 8, (5, 3))
-    net = make_oom_net(limit=2)
-    initial = copy.deepcopy(net)
-    unlimited = copy.deepcopy(net)
-    unlimited.limit = 10**9
-    train_sgd(unlimited, dataset, two_pass=True, forward_size=2)
-    monkeypatch.setattr(norm_replay.NormReplay, "restore", lambda self, snap: None)
-    train_sgd(net, dataset, forward_size=100)
-    # The first attempt's self-update of the norm layer stays: other statistics.
-    counts = dict(net.named_buffers()), dict(unlimited.named_buffers())
-    assert (
-        counts[0]["mlp.normalize_input.count"] > counts[1]["mlp.normalize_input.count"]
+def buffers_after_a_step_failing_after_its_norm_update(dataset, monkeypatch):
+    """Norm buffers after step 1, and after step 2 fails once they are committed."""
+    net = make_oom_net(limit=10**9)
+    trainer = make_trainer(
+        net, batch_size=4, epochs=1, optimizer_cls=th.optim.SGD, forward_size=3
     )
-    assert relative_update_error(net, unlimited, initial) > 100 * TOL
+    after_first = []
+    step = trainer.engine.step
+
+    def recording_step(*args, **kwargs):
+        result = step(*args, **kwargs)
+        after_first.append(ref.buffers(net))
+        return result
+
+    trainer.engine.step = recording_step
+    measured = [0]
+    clip = gradients.clip_and_measure
+
+    def failing_second(params, max_grad_norm):
+        measured[0] += 1  # runs after the step's norm statistics are committed
+        return float("nan") if measured[0] == 2 else clip(params, max_grad_norm)
+
+    monkeypatch.setattr(gradients, "clip_and_measure", failing_second)
+    with pytest.raises(FloatingPointError, match="non-finite gradient norm"):
+        trainer.train(dataset)
+    return after_first[0], ref.buffers(net)
+
+
+def test_redoing_without_restoring_norm_buffers_fails(rng, monkeypatch):
+    """A failed step's committed norm update is undone; without the restore, not.
+
+    (A preference step calls the net at least twice, one call per side, so its
+    norm layers never update themselves during the chunks: the statistics change
+    only once the step has run all of them, and a failure after that is what the
+    restore undoes.)
+    """
+    dataset = ref.make_dataset(rng, 8, (5, 3))
+    first, failed = buffers_after_a_step_failing_after_its_norm_update(
+        dataset, monkeypatch
+    )
+    assert all(th.equal(failed[k], first[k]) for k in first)
+    monkeypatch.setattr(norm_replay.NormReplay, "restore", lambda self, snap: None)
+    first, failed = buffers_after_a_step_failing_after_its_norm_update(
+        dataset, monkeypatch
+    )
+    key = "mlp.normalize_input.count"
+    assert failed[key] > first[key]
 
 
 def test_out_of_memory_at_one_transition_stops_with_a_clear_error(rng):

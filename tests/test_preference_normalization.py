@@ -155,7 +155,8 @@ def test_unchained_layers_need_one_pre_pass(rng):
     net.register_forward_pre_hook(lambda *_: calls.append(th.is_grad_enabled()))
     trainer.train(dataset)
     no_grad_calls = calls.count(False)
-    per_pass = 4 * 2 * 3 // 2  # 4 pairs x 2 fragments x 3 transitions, 2 per call
+    # 4 one-pair chunks x 2 sides x 2 calls (3 transitions of a side, 2 per call)
+    per_pass = 4 * 2 * 2
     # step 1: two pre-passes (the second confirms the layers are not chained)
     assert trainer.engine.norms.chained is False
     assert no_grad_calls == per_pass * (2 + 1 + 1)

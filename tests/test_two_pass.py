@@ -112,7 +112,10 @@ def test_discount_counted_from_the_chunk_start_fails(rng, monkeypatch):
     def chunk_local_discounts(self, chunk, outputs):
         positions = th.arange(chunk.stop - chunk.start, dtype=th.float32)
         weighted = outputs * 0.8**positions
-        return chunk.batch.layout.range_sums(weighted, chunk.start, chunk.stop)
+        layout = chunk.batch.layouts[chunk.side]
+        part = layout.range_sums(weighted, chunk.start, chunk.stop)
+        zeros = part.new_zeros(chunk.batch.n_pairs)
+        return th.cat([part, zeros] if chunk.side == 0 else [zeros, part])
 
     monkeypatch.setattr(pair_task.PreferenceTask, "partial_sums", chunk_local_discounts)
     naive, _ = two_pass_grads(net, dataset, chunk=3, discount=0.8)
@@ -120,34 +123,46 @@ def test_discount_counted_from_the_chunk_start_fails(rng, monkeypatch):
 
 
 def calls_reference_loss(net, pairs, prefs, call_size, *, discount=1.0):
-    """One training forward of the batch in consecutive calls of ``call_size``.
+    """One training forward of the batch in calls of ``call_size``, sides in turn.
 
     With dropout, this is the forward whose masks the trainer must reproduce: the
     same calls, with the same shapes, in the same order, from the same RNG state.
+    The first fragments are laid end to end, and so are the second fragments;
+    call ``k`` of the first side comes before call ``k`` of the second.
     """
-    frags = [f for pair in pairs for f in pair]
-    obs = np.concatenate([f.obs[:-1] for f in frags])
-    next_obs = np.concatenate([f.obs[1:] for f in frags])
-    acts = np.concatenate([f.acts for f in frags])
-    dones = np.zeros(len(acts), dtype=bool)
-    rewards = th.cat(
-        [
-            net(*net.preprocess(obs[s:e], acts[s:e], next_obs[s:e], dones[s:e]))
-            for s, e in (
-                (s, min(s + call_size, len(acts)))
-                for s in range(0, len(acts), call_size)
+    sides = []
+    for side in (0, 1):
+        frags = [pair[side] for pair in pairs]
+        sides.append(
+            (
+                np.concatenate([f.obs[:-1] for f in frags]),
+                np.concatenate([f.acts for f in frags]),
+                np.concatenate([f.obs[1:] for f in frags]),
             )
-        ],
-    )
-    returns, start = [], 0
-    for f in frags:
-        n = len(f.acts)
-        weights = th.tensor([discount**t for t in range(n)])
-        returns.append((rewards[start : start + n] * weights).sum())
-        start += n
+        )
+    outputs = ([], [])
+    longest = max(len(acts) for _, acts, _ in sides)
+    for s in range(0, longest, call_size):
+        for side, (obs, acts, next_obs) in enumerate(sides):
+            if s < len(acts):
+                e = min(s + call_size, len(acts))
+                dones = np.zeros(e - s, dtype=bool)
+                outputs[side].append(
+                    net(*net.preprocess(obs[s:e], acts[s:e], next_obs[s:e], dones))
+                )
+    returns = []
+    for side in (0, 1):
+        rewards, start = th.cat(outputs[side]), 0
+        side_returns = []
+        for pair in pairs:
+            n = len(pair[side].acts)
+            weights = th.tensor([discount**t for t in range(n)])
+            side_returns.append((rewards[start : start + n] * weights).sum())
+            start += n
+        returns.append(side_returns)
     losses = []
     for i, pref in enumerate(prefs):
-        diff = returns[2 * i + 1] - returns[2 * i]
+        diff = returns[1][i] - returns[0][i]
         p = 1 / (1 + th.exp(diff))
         losses.append(-(pref * th.log(p) + (1 - pref) * th.log(1 - p)))
     return th.stack(losses).mean()

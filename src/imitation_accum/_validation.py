@@ -82,6 +82,26 @@ def positive_finite_float(name: str, value: object) -> float:
     return float(value)
 
 
+def non_negative_finite_float(name: str, value: object) -> float:
+    """Returns ``value`` as a float if it is finite and not negative.
+
+    Args:
+        name: The argument's name, used in the error message.
+        value: The value to check.
+
+    Returns:
+        ``value`` as a ``float``.
+
+    Raises:
+        ValueError: if ``value`` is not a finite number of at least 0.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        raise ValueError(f"{name} must be a number, got {value!r}.")
+    if not np.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")
+    return float(value)
+
+
 def forward_size_arg(value: object) -> Union[int, str]:
     """Checks the ``forward_size`` argument: a positive int or ``"auto"``.
 

@@ -82,10 +82,12 @@ def transition_arrays(
     for key, array in arrays.items():
         if array.ndim == 0 or len(array) != batch_size:
             n = 0 if array.ndim == 0 else len(array)
+            # imitation's message first: code that matches on it keeps working.
             raise ValueError(
-                f"{name}[{key!r}] holds {n} transitions; demo_batch_size="
-                f"{batch_size} needs exactly {batch_size} expert and as many "
-                "generator transitions per discriminator step",
+                "Need to have exactly `demo_batch_size` number of expert and "
+                f"generator samples, each. {name}[{key!r}] holds {n} transitions; "
+                f"demo_batch_size={batch_size} needs exactly {batch_size} expert "
+                "and as many generator transitions per discriminator step",
             )
     for key in ("obs", "next_obs"):
         arrays[key] = in_env_layout(arrays[key], obs_shape)

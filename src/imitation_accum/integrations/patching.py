@@ -12,9 +12,9 @@ with this package's exact accumulation. While patched, in imitation's modules:
 - ``scripts.ingredients.reward._make_reward_net`` (with a config hook of the reward
   ingredient) builds CNN reward nets;
 - ``data.huggingface_utils.TrajectoryDatasetSequence`` (what
-  ``data.serialize.load`` returns) is
-  :class:`imitation_accum.integrations.demonstrations.TrajectoryDatasetSequence`, which loads
-  saved uint8 frames as uint8 (imitation's makes them int64).
+  ``data.serialize.load`` returns) is this package's
+  :class:`~imitation_accum.integrations.demonstrations.TrajectoryDatasetSequence`,
+  which loads saved uint8 frames as uint8 (imitation's makes them int64).
 
 imitation's reward ingredient always gives its nets a ``normalize_input_layer``,
 which CNN reward nets reject; while patched, the ingredient leaves it out for them

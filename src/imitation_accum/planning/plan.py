@@ -9,10 +9,18 @@ and the chunks the trainer builds from it, and reads nothing else. It is either
 * **two passes** in chunks of transitions that may split items: each chunk is one
   reward-net call of at most ``forward_size`` transitions, so that its graph is
   freed before the next call.
+
+Items may have *sides* (a fragment pair has two): the transitions of each side
+of a chunk are laid end to end on their own, and calls go to the sides in turn,
+call ``k`` of the first side, then call ``k`` of the second, with the same
+shapes when the sides are alike. A direction whose gradient is zero in exact
+arithmetic (a constant shift of the reward, with equal-length fragments) then
+gets mirrored contributions added to each other first, which cancel bit for bit:
+exactly 0.0, which AdamW needs (it divides by the gradient's own magnitude).
 """
 
 import dataclasses
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -71,6 +79,35 @@ def transition_ranges(n_transitions: int, size: int) -> List[Tuple[int, int]]:
     ]
 
 
+def mirrored_ranges(
+    side_transitions: Sequence[int],
+    size: int,
+) -> List[Tuple[int, int, int]]:
+    """``(side, start, stop)`` ranges of ``size``, range ``k`` of each side in turn.
+
+    Args:
+        side_transitions: Transitions of each side of the batch.
+        size: Transitions per range (the last of a side may be shorter).
+
+    Returns:
+        Ranges covering every side's transitions, interleaved.
+    """
+    per_side = [transition_ranges(int(n), size) for n in side_transitions]
+    longest = max((len(ranges) for ranges in per_side), default=0)
+    return [
+        (side, *ranges[k])
+        for k in range(longest)
+        for side, ranges in enumerate(per_side)
+        if k < len(ranges)
+    ]
+
+
+def as_sides(item_transitions: np.ndarray) -> np.ndarray:
+    """Item lengths as ``(n_items, n_sides)``: one side unless given more."""
+    lengths = np.asarray(item_transitions, dtype=np.int64)
+    return lengths.reshape(len(lengths), -1) if lengths.ndim < 2 else lengths
+
+
 def n_calls(n_transitions: int, forward_size: int) -> int:
     """Reward-net calls needed for ``n_transitions`` in calls of ``forward_size``."""
     return -(-n_transitions // forward_size)
@@ -85,8 +122,8 @@ class StepPlan:
     """Transitions per reward-net call; in two-pass also per chunk."""
     item_chunks: Tuple[slice, ...]
     """One pass: the items of each chunk (empty for two passes)."""
-    transition_chunks: Tuple[Tuple[int, int], ...]
-    """Two passes: each chunk's ``[start, stop)`` in the batch's transitions."""
+    transition_chunks: Tuple[Tuple[int, int, int], ...]
+    """Two passes: each chunk's ``(side, start, stop)`` in its side's transitions."""
     chunk_transitions: Tuple[int, ...]
     """Transitions of each chunk."""
     net_calls: int
@@ -102,21 +139,45 @@ class StepPlan:
         forward_size: int,
         reason: str,
     ) -> "StepPlan":
-        """A plan in chunks of whole items, run in calls of ``forward_size``."""
-        sizes = tuple(int(lengths[s].sum()) for s in chunks)
-        calls = sum(n_calls(n, forward_size) for n in sizes)
+        """A plan in chunks of whole items, each side in calls of ``forward_size``.
+
+        Args:
+            lengths: Transitions of each item, ``(n_items,)`` or per side
+                ``(n_items, n_sides)``.
+            chunks: The items of each chunk.
+            forward_size: Transitions per call.
+            reason: Why this mode.
+
+        Returns:
+            The plan.
+        """
+        sides = as_sides(lengths)
+        sizes = tuple(int(sides[s].sum()) for s in chunks)
+        calls = sum(
+            n_calls(int(n), forward_size) for s in chunks for n in sides[s].sum(0)
+        )
         return cls(False, forward_size, tuple(chunks), (), sizes, calls, reason)
 
     @classmethod
     def two_passes(
         cls,
-        n_transitions: int,
+        lengths: np.ndarray,
         forward_size: int,
         reason: str,
     ) -> "StepPlan":
-        """A plan in chunks of one call of ``forward_size`` transitions each."""
-        ranges = tuple(transition_ranges(n_transitions, forward_size))
-        sizes = tuple(stop - start for start, stop in ranges)
+        """A plan in chunks of one call of ``forward_size`` transitions each.
+
+        Args:
+            lengths: Transitions of each item, ``(n_items,)`` or per side.
+            forward_size: Transitions per call and chunk.
+            reason: Why this mode.
+
+        Returns:
+            The plan, with the sides' ranges interleaved.
+        """
+        side_totals = as_sides(lengths).sum(0)
+        ranges = tuple(mirrored_ranges(side_totals, forward_size))
+        sizes = tuple(stop - start for _, start, stop in ranges)
         return cls(True, forward_size, (), ranges, sizes, len(ranges), reason)
 
     @property

@@ -40,7 +40,7 @@ from imitation_accum.planning.forward_size import (
     time_forward_backward,
     time_passes,
 )
-from imitation_accum.planning.plan import StepPlan, pair_chunks
+from imitation_accum.planning.plan import StepPlan, as_sides, pair_chunks
 
 #: Two passes are chosen for speed only if they take under this share of one pass.
 TWO_PASS_MARGIN = 0.9
@@ -163,7 +163,8 @@ class Planner:
 
         Args:
             item_transitions: Transitions per item of (this process's share of)
-                the batch.
+                the batch, ``(n_items,)``, or per side ``(n_items, n_sides)``
+                for items whose sides are laid out mirrored (fragment pairs).
             workload: What timing and tuning may run (first use only).
 
         Returns:
@@ -173,9 +174,10 @@ class Planner:
             ValueError: if ``two_pass=False`` is pinned but one item exceeds the
                 memory cap.
         """
-        lengths = np.asarray(item_transitions)
-        if not len(lengths):
-            return StepPlan.one_pass(lengths, [], 1, "no items")
+        sides = as_sides(item_transitions)
+        if not len(sides):
+            return StepPlan.one_pass(sides, [], 1, "no items")
+        lengths = sides.sum(1)
         cap = self.chunk_cap
         fits = cap is None or int(lengths.max()) <= cap
         if not fits and self.two_pass is False:
@@ -202,8 +204,8 @@ class Planner:
         else:
             two_pass, reason = False, "calls span whole chunks"
         if two_pass:
-            return StepPlan.two_passes(int(lengths.sum()), size, reason)
-        return StepPlan.one_pass(lengths, chunks, size, reason)
+            return StepPlan.two_passes(sides, size, reason)
+        return StepPlan.one_pass(sides, chunks, size, reason)
 
     def plan_evaluation(
         self,
@@ -222,12 +224,12 @@ class Planner:
         Returns:
             The plan.
         """
-        lengths = np.asarray(item_transitions)
-        if not len(lengths):
-            return StepPlan.one_pass(lengths, [], 1, "no items")
-        chunks = self._item_chunks(lengths)
-        size = self.call_size(int(lengths[chunks[0]].sum()), workload)
-        return StepPlan.one_pass(lengths, chunks, size, "evaluation")
+        sides = as_sides(item_transitions)
+        if not len(sides):
+            return StepPlan.one_pass(sides, [], 1, "no items")
+        chunks = self._item_chunks(sides.sum(1))
+        size = self.call_size(int(sides[chunks[0]].sum()), workload)
+        return StepPlan.one_pass(sides, chunks, size, "evaluation")
 
     def _item_chunks(self, lengths: np.ndarray) -> list:
         return pair_chunks(

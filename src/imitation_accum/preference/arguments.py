@@ -30,7 +30,9 @@ def check_preference_model(model: pc.PreferenceModel, *, ensemble: bool) -> None
                 "trainer computes imitation's preference model and would ignore it",
             )
     if ensemble and model.ensemble_model is None:
-        raise TypeError("EnsembleTrainer needs the PreferenceModel of a RewardEnsemble")
+        raise TypeError(
+            "PreferenceModel of a RewardEnsemble expected by EnsembleTrainer.",
+        )
     if not ensemble and model.ensemble_model is not None:
         raise TypeError(
             "the PreferenceModel wraps a RewardEnsemble: use "

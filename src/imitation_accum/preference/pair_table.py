@@ -48,6 +48,14 @@ class PreferenceTable:
             self.terminal[indices].reshape(-1),
         )
 
+    def side_layout(self, indices: np.ndarray, side: int) -> fragments.FragmentLayout:
+        """The ``side`` fragments (0: first, 1: second) of pairs ``indices``."""
+        return fragments.FragmentLayout.from_arrays(
+            [self.pairs[i][side] for i in indices],
+            self.lengths[indices, side],
+            self.terminal[indices, side],
+        )
+
     def fragments(self, indices: Sequence[int]) -> List[types.Trajectory]:
         """The fragments of pairs ``indices``, ``[a0, b0, a1, ...]``."""
         return [frag for i in indices for frag in self.pairs[i]]

@@ -1,18 +1,21 @@
 """The preference-comparison half of a step: pairs in, per-pair losses out.
 
-A chunk holds consecutive fragment pairs of a batch. Its fragments are laid end
-to end and run through the reward net in calls of ``forward_size`` transitions;
-the per-transition rewards are summed (discounted from each fragment's first
-transition) into returns, and each pair's loss is imitation's: the binary
-cross-entropy between the preference and the Boltzmann-rational probability that
-the first fragment is preferred, with ``noise_prob`` and ``threshold`` as in
-imitation's ``PreferenceModel``.
+A chunk holds consecutive fragment pairs of a batch. The first fragments of its
+pairs are laid end to end, and so are the second fragments (the two *sides*);
+the net is called on the sides in turn, ``forward_size`` transitions at a time:
+call ``k`` of the first side, then call ``k`` of the second (see
+:mod:`imitation_accum.planning.plan` for why: exact zeros). The per-transition
+rewards are summed (discounted from each fragment's first transition) into
+returns, and each pair's loss is imitation's: the binary cross-entropy between
+the preference and the Boltzmann-rational probability that the first fragment is
+preferred, with ``noise_prob`` and ``threshold`` as in imitation's
+``PreferenceModel``.
 
-When one pair does not fit in memory, the batch's fragments are laid end to end
+When one pair does not fit in memory, each side of the batch is laid end to end
 once and cut into :class:`TransitionChunk` ranges that may split fragments (a
-two-pass plan); the engine then runs its two-pass method: a chunk
-contributes each fragment's discounted partial return, with discount weights
-counted from the fragment's own first transition.
+two-pass plan), the sides' ranges in turn; the engine then runs its two-pass
+method: a chunk contributes each of its fragments' discounted partial return,
+with discount weights counted from the fragment's own first transition.
 """
 
 import dataclasses
@@ -38,14 +41,14 @@ Pair = pair_table.Pair
 class PairChunk:
     """Consecutive fragment pairs of a batch, ready for the reward net."""
 
-    layout: fragments.FragmentLayout
-    """Fragments ``[a0, b0, a1, b1, ...]`` laid end to end."""
+    layouts: Tuple[fragments.FragmentLayout, fragments.FragmentLayout]
+    """Fragments ``[a0, a1, ...]`` and ``[b0, b1, ...]``, each laid end to end."""
     preferences: th.Tensor
     """Probability that fragment ``a_i`` is preferred, on the net's device."""
     prefers_first: th.Tensor
     """Whether ``a_i`` is the preferred one (preference above 0.5)."""
-    discounts: Optional[th.Tensor]
-    """Per-transition discount weights, or ``None`` when the discount is 1."""
+    discounts: Tuple[Optional[th.Tensor], Optional[th.Tensor]]
+    """Per-transition discount weights of each side (``None`` for a discount of 1)."""
 
     @property
     def n_pairs(self) -> int:
@@ -55,10 +58,12 @@ class PairChunk:
 
 @dataclasses.dataclass
 class TransitionChunk:
-    """Transitions ``[start, stop)`` of a whole batch's fragments (two-pass)."""
+    """Transitions ``[start, stop)`` of one side of a whole batch (two-pass)."""
 
     batch: PairChunk
-    """Every pair of the batch (this process's share of it), laid end to end."""
+    """Every pair of the batch (this process's share of it), laid out."""
+    side: int
+    """0: the first fragments, 1: the second."""
     start: int
     stop: int
 
@@ -90,8 +95,8 @@ def make_chunks(
     if plan.two_pass:
         batch = task.make_chunk(table, local)
         return [
-            TransitionChunk(batch, start, stop)
-            for start, stop in plan.transition_chunks
+            TransitionChunk(batch, side, start, stop)
+            for side, start, stop in plan.transition_chunks
         ]
     return [task.make_chunk(table, local[s]) for s in plan.item_chunks]
 
@@ -206,14 +211,18 @@ class PreferenceTask:
         indices: np.ndarray,
     ) -> PairChunk:
         """Lays out pairs ``indices`` of ``table``; preferences go to the device."""
-        layout = table.layout(indices)
-        preferences = table.preferences[indices]
-        discounts = None
-        if self.discount_factor != 1:
-            weights = layout.discount_weights(self.discount_factor)
-            discounts = th.as_tensor(weights, device=self.device)
-        prefs = th.as_tensor(preferences, dtype=th.float32, device=self.device)
-        return PairChunk(layout, prefs, prefs > 0.5, discounts)
+        layouts = (table.side_layout(indices, 0), table.side_layout(indices, 1))
+        discounts = tuple(self._discounts(layout) for layout in layouts)
+        prefs = th.as_tensor(
+            table.preferences[indices], dtype=th.float32, device=self.device
+        )
+        return PairChunk(layouts, prefs, prefs > 0.5, discounts)  # type: ignore[arg-type]
+
+    def _discounts(self, layout: fragments.FragmentLayout) -> Optional[th.Tensor]:
+        if self.discount_factor == 1:
+            return None
+        weights = layout.discount_weights(self.discount_factor)
+        return th.as_tensor(weights, device=self.device)
 
     def call(
         self,
@@ -260,35 +269,53 @@ class PreferenceTask:
         chunk: Union[PairChunk, TransitionChunk],
         forward_size: int,
     ) -> th.Tensor:
-        """Per-transition rewards of ``chunk``, in calls of ``forward_size``."""
-        if isinstance(chunk, TransitionChunk):
-            layout, begin, end = chunk.batch.layout, chunk.start, chunk.stop
-        else:
-            layout, begin, end = chunk.layout, 0, chunk.layout.n_transitions
-        outputs = [
-            self.call(layout, start, min(start + forward_size, end))
-            for start in range(begin, end, forward_size)
-        ]
-        return outputs[0] if len(outputs) == 1 else th.cat(outputs)
+        """Per-transition rewards of ``chunk``: its first side's, then its second's.
 
-    def returns(self, chunk: PairChunk, rewards: th.Tensor) -> th.Tensor:
-        """Each fragment's discounted return, ``[a0, b0, a1, b1, ...]``."""
-        if chunk.discounts is not None:
-            rewards = rewards * chunk.discounts
-        return chunk.layout.segment_sums(rewards)
+        The sides are called in turn, ``forward_size`` transitions at a time (a
+        two-pass chunk is one call on one side).
+        """
+        if isinstance(chunk, TransitionChunk):
+            layout = chunk.batch.layouts[chunk.side]
+            return self.call(layout, chunk.start, chunk.stop)
+        outputs: Tuple[List[th.Tensor], List[th.Tensor]] = ([], [])
+        longest = max(layout.n_transitions for layout in chunk.layouts)
+        for start in range(0, longest, forward_size):
+            for side, layout in enumerate(chunk.layouts):
+                if start < layout.n_transitions:
+                    stop = min(start + forward_size, layout.n_transitions)
+                    outputs[side].append(self.call(layout, start, stop))
+        return th.cat([*outputs[0], *outputs[1]])
+
+    def returns(
+        self, chunk: PairChunk, rewards: th.Tensor
+    ) -> Tuple[th.Tensor, th.Tensor]:
+        """Each fragment's discounted return: the first fragments', the second's."""
+        split = chunk.layouts[0].n_transitions
+        sides = (rewards[:split], rewards[split:])
+        returns = []
+        for layout, discounts, side_rewards in zip(
+            chunk.layouts, chunk.discounts, sides
+        ):
+            if discounts is not None:
+                side_rewards = side_rewards * discounts
+            returns.append(layout.segment_sums(side_rewards))
+        return returns[0], returns[1]
 
     def loss(self, chunk: PairChunk, outputs: th.Tensor) -> ChunkLoss:
         """Per-pair cross-entropy losses and correct-prediction counts."""
-        return self._loss_of_returns(chunk, self.returns(chunk, outputs))
+        return self._loss_of_returns(chunk, *self.returns(chunk, outputs))
 
     def partial_sums(self, chunk: TransitionChunk, outputs: th.Tensor) -> th.Tensor:
-        """Two-pass: the chunk's part of every fragment's discounted return."""
-        discounts = chunk.batch.discounts
+        """Two-pass: the chunk's part of every return, ``[R_a..., R_b...]``."""
+        discounts = chunk.batch.discounts[chunk.side]
         if discounts is not None:
             # Weights counted from each fragment's first transition, also for a
             # chunk that starts inside a fragment.
             outputs = outputs * discounts[chunk.start : chunk.stop]
-        return chunk.batch.layout.range_sums(outputs, chunk.start, chunk.stop)
+        layout = chunk.batch.layouts[chunk.side]
+        part = layout.range_sums(outputs, chunk.start, chunk.stop)
+        zeros = part.new_zeros(chunk.batch.n_pairs)
+        return th.cat([part, zeros] if chunk.side == 0 else [zeros, part])
 
     def loss_of_sums(
         self,
@@ -296,16 +323,20 @@ class PreferenceTask:
         sums: th.Tensor,
     ) -> ChunkLoss:
         """Two-pass: every pair's loss from the returns of the whole batch."""
-        return self._loss_of_returns(chunks[0].batch, sums)
+        batch = chunks[0].batch
+        return self._loss_of_returns(
+            batch, sums[: batch.n_pairs], sums[batch.n_pairs :]
+        )
 
     def _loss_of_returns(
         self,
         chunk: PairChunk,
-        returns: th.Tensor,
+        returns_a: th.Tensor,
+        returns_b: th.Tensor,
     ) -> ChunkLoss:
         losses, probs = preference_losses(
-            returns[0::2],
-            returns[1::2],
+            returns_a,
+            returns_b,
             chunk.preferences,
             self.noise_prob,
             self.threshold,

@@ -75,7 +75,9 @@ def split_validation(
     """
     n_val = int(n_items * val_fraction)
     if n_val < 1 or n_items - n_val < 1:
+        # imitation's message first: code that matches on it keeps working.
         raise ValueError(
+            "Not enough data samples to split into training and validation: "
             f"cannot split {n_items} comparisons with val_split={val_fraction}: "
             "both the training and the validation part need at least one "
             "comparison. Gather more preferences (initial_comparison_frac in "

@@ -148,7 +148,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         self.minibatch_size: Optional[int] = minibatch  # type: ignore[assignment]
         self.memory_budget = parsed_budget
         self.epochs = _validation.positive_int("epochs", epochs)
-        lr = _validation.positive_finite_float("lr", lr)
+        lr = _validation.non_negative_finite_float("lr", lr)
         self.forward_size = _validation.forward_size_arg(forward_size)
         self.autocast_dtype = precision.parse_autocast_dtype(autocast_dtype)
         self.activation_checkpointing = arguments.check_flag(
@@ -168,7 +168,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         pc.RewardTrainer.__init__(self, preference_model, custom_logger)
         self.loss = loss
         self.rng = rng
-        self.optim = optimizer_cls(  # type: ignore[assignment]
+        self.optim = optimizer_cls(
             self._preference_model.parameters(),
             **{"lr": lr, **(optimizer_kwargs or {})},
         )
@@ -235,6 +235,31 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         if regularizer is not None:
             regularizer.logger = custom_logger
 
+    @property  # type: ignore[override]
+    def optim(self) -> th.optim.Optimizer:
+        """The optimizer (imitation's attribute).
+
+        Assigning another one makes the engine step it and the regularizer use
+        it, from the next step on.
+        """
+        return self._optim
+
+    @optim.setter
+    def optim(self, optimizer: th.optim.Optimizer) -> None:
+        if not isinstance(optimizer, th.optim.Optimizer):
+            raise TypeError(
+                "optim must be a torch.optim.Optimizer, got "
+                f"{type(optimizer).__name__}",
+            )
+        self._optim = optimizer
+        if getattr(self, "_engine", None) is not None:
+            self.engine.optimizer = optimizer
+        regularizer = getattr(self, "regularizer", None)
+        if regularizer is not None:
+            regularizer.optimizer = optimizer
+        if getattr(self, "planner", None) is not None:
+            self.planner.profile = None  # its training-state bytes are the old one's
+
     @property
     def engine(self) -> GradientAccumulator:
         """The accumulation engine stepping this trainer's reward net."""
@@ -253,7 +278,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         if epochs < 1:
             raise ValueError(
                 f"round(epochs * epoch_multiplier) = round({self.epochs} * "
-                f"{epoch_multiplier}) = {epochs}: must train at least one epoch",
+                f"{epoch_multiplier}) = {epochs}. Must train for at least one epoch.",
             )
         train_idx, val_idx = np.arange(len(table)), None
         if self.requires_regularizer_update:
@@ -309,7 +334,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             return self.engine.step(self._task, chunks, plan=plan, n_items=len(batch))
 
         plan, result = self.planner.run(
-            table.lengths[local].sum(1),
+            table.lengths[local],  # per pair and side: mirrored calls
             step,
             PairWorkload.of(self._task, table, local, self.engine),
             device=self._task.device,
@@ -340,7 +365,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             )
 
         _, result = self.planner.run(
-            table.lengths[local].sum(1),
+            table.lengths[local],  # per pair and side: mirrored calls
             evaluate,
             PairWorkload.of(self._task, table, local, self.engine),
             device=self._task.device,

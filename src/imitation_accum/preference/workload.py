@@ -62,14 +62,13 @@ class PairWorkload:
         """Calls over the first pairs of the batch holding ``n_transitions``."""
         lengths = np.cumsum(self.table.lengths[self.local].sum(1))
         n_pairs = int(np.searchsorted(lengths, n_transitions)) + 1
-        first = self.local[: min(len(lengths), n_pairs)]
-        chunk = self.task.make_chunk(self.table, first)
+        layout = self.table.layout(self.local[: min(len(lengths), n_pairs)])
         net = self.task.net
 
         def call(start: int, stop: int) -> th.Tensor:
-            return self.task.call(chunk.layout, start, stop, module=net)
+            return self.task.call(layout, start, stop, module=net)
 
-        return call, chunk.layout.n_transitions
+        return call, layout.n_transitions
 
     def measuring(self, *, checkpointing: bool = True):
         """The engine's measuring context (see ``GradientAccumulator.measuring``)."""

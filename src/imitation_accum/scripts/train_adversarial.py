@@ -11,7 +11,8 @@ exactly and ``max_grad_norm`` is a config key too. Added: the Atari named config
 for tests, and checks that reject a bad config before anything is built.
 
 Demonstrations come from a local file offline: ``demonstrations.source=local
-demonstrations.path=PATH`` (see :mod:`imitation_accum.integrations.demonstrations` for how to
+demonstrations.path=PATH`` (see
+:mod:`imitation_accum.integrations.demonstrations` for how to
 make one).
 
 Usage::

@@ -1,0 +1,399 @@
+"""Smoke tests of ``experiments/``: every script's ``--quick`` mode, on the CPU.
+
+Each script runs as its own process from the repository root, writing into
+pytest's ``tmp_path`` (``--out-dir``; without it a quick run writes to
+``output/experiments/``, which one test checks in a copy of the scripts, and a
+full run to ``docs/results/``); the test checks the files it wrote: their
+tables' headers and rows, and the line naming the command and the machine. The
+figures of a quick run mean nothing and are not checked. One thread per process
+(``OMP_NUM_THREADS=1``): on a small shared machine more only spin.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+from typing import Dict, List, Sequence
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+EXPERIMENTS = REPO / "experiments"
+COMMITTED = REPO / "docs" / "results"
+SCRIPTS = sorted(p.name for p in EXPERIMENTS.iterdir() if p.suffix in (".py", ".sh"))
+TIMEOUT_S = 600
+
+
+def environment() -> Dict[str, str]:
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHON": sys.executable,  # gpu_check.sh's interpreter
+    }
+
+
+def run(command: Sequence[str]) -> str:
+    """Runs ``command`` in the repository root; it must succeed. Its output."""
+    done = subprocess.run(
+        list(command),
+        cwd=REPO,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    return output
+
+
+def run_script(name: str, out_dir: pathlib.Path, *args: str) -> str:
+    return run(
+        [sys.executable, f"experiments/{name}", *args, "--out-dir", str(out_dir)]
+    )
+
+
+def read(path: pathlib.Path) -> str:
+    assert path.is_file(), f"{path.name} not written"
+    text = path.read_text()
+    assert text.strip(), f"{path.name} is empty"
+    return text
+
+
+def table(text: str, header: Sequence[str], min_rows: int) -> List[List[str]]:
+    """The first Markdown table of ``text``: its header starts with ``header``.
+
+    Every row has the header's number of cells. Returns the rows' cells.
+    """
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    assert lines, f"no table in:\n{text}"
+
+    def cells(line: str) -> List[str]:
+        return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+    head = cells(lines[0])
+    assert head[: len(header)] == list(header), head
+    assert set(lines[1].replace("|", "").replace(":", "")) == {"-"}, lines[1]
+    rows = [cells(line) for line in lines[2:]]
+    assert len(rows) >= min_rows, text
+    for row in rows:
+        assert len(row) == len(head), row
+    return rows
+
+
+def assert_made_by(text: str, script: str, device: str = "cpu") -> None:
+    """The line naming the command (with ``--quick``) and the machine."""
+    lines = [line for line in text.splitlines() if line.startswith("Made by: ")]
+    assert len(lines) == 1, text
+    line = lines[0]
+    assert re.match(rf"Made by: `(python )?experiments/{re.escape(script)} ", line)
+    assert "--quick" in line and " --out" in line, line  # --out-dir or --out
+    assert re.search(r" on .+ \(.*\d+ CPUs, \d+ torch threads?\), torch ", line)
+    assert line.endswith(f"device {device}"), line
+
+
+def made_by_json(path: pathlib.Path, script: str) -> list:
+    """The ``results`` of a JSON file; its ``made_by`` names what made it."""
+    data = json.loads(read(path))
+    assert set(data) == {"made_by", "results"}, set(data)
+    assert_made_by(data["made_by"], script)
+    assert isinstance(data["results"], list) and data["results"]
+    return data["results"]
+
+
+def assert_png(path: pathlib.Path, script: str) -> None:
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n"), path
+    # matplotlib writes the Description as a tEXt chunk: latin-1 in the clear.
+    assert f"Made by: `python experiments/{script}".encode() in data
+
+
+def digests() -> Dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(COMMITTED.iterdir())
+        if p.is_file()
+    }
+
+
+@pytest.fixture(autouse=True)
+def _committed_results_untouched():
+    """A quick run into ``tmp_path`` leaves ``docs/results/`` as it was."""
+    before = digests()
+    yield
+    assert digests() == before
+
+
+# The scripts ------------------------------------------------------------------
+
+
+def test_every_script_is_tested_and_uses_docs_results():
+    tested = {
+        "atari_reward_memory.py",
+        "bench_discriminator.py",
+        "bench_distributed.py",
+        "bench_memory.py",
+        "bench_reward_trainer.py",
+        "gpu_check.sh",
+        "imitation_tests.py",
+        "parity.py",
+    }
+    assert set(SCRIPTS) - {"_results.py"} == tested
+    for name in SCRIPTS:
+        text = (EXPERIMENTS / name).read_text()
+        assert "experiments/results" not in text, name
+        assert 'Path(__file__).parent / "results"' not in text, name
+        assert "--quick" in text and "--out-dir" in text, name
+        if name.endswith(".py") and name != "_results.py":
+            assert "_results.resolve_out_dir(args)" in text, name
+    assert "out=output/experiments" in (EXPERIMENTS / "gpu_check.sh").read_text()
+
+
+def test_quick_run_defaults_to_output_experiments(tmp_path):
+    """Without ``--out-dir``, ``--quick`` writes to ``output/experiments/``.
+
+    The scripts find the repository root from their own path, so a copy of
+    ``parity.py`` and ``_results.py`` under ``tmp_path/experiments`` takes
+    ``tmp_path`` for the root and leaves the repository alone.
+    """
+    sys.path.insert(0, str(EXPERIMENTS))
+    try:
+        import _results
+    finally:
+        sys.path.remove(str(EXPERIMENTS))
+    assert _results.default_out_dir(quick=True) == REPO / "output" / "experiments"
+    assert _results.default_out_dir(quick=False) == COMMITTED
+    given = argparse.Namespace(out_dir=tmp_path, quick=True)
+    assert _results.resolve_out_dir(given) == tmp_path  # --out-dir wins
+    assert "output/" in (REPO / ".gitignore").read_text().split()  # git ignores it
+    copy = tmp_path / "experiments"
+    copy.mkdir()
+    for name in ("_results.py", "parity.py"):
+        shutil.copy(EXPERIMENTS / name, copy / name)
+    run([sys.executable, str(copy / "parity.py"), "--quick"])
+    written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.md"))
+    assert written == [pathlib.Path("output/experiments/parity.md")], written
+    text = read(tmp_path / "output" / "experiments" / "parity.md")
+    assert re.search(
+        r"^Made by: `python experiments/parity\.py --quick` on ", text, re.M
+    )
+
+
+def test_bench_reward_trainer(tmp_path):
+    run_script("bench_reward_trainer.py", tmp_path, "--quick")
+    text = read(tmp_path / "bench_reward_trainer.md")
+    header = [
+        "config",
+        "batch / minibatch",
+        "imitation 1.0.1 s/epoch",
+        "accum s/epoch",
+        "floor s/epoch",
+        "imitation / accum",
+        "accum / floor",
+        "accum forward_size",
+        "floor forward_size",
+    ]
+    rows = table(text, header, min_rows=1)
+    assert [row[0] for row in rows] == ["mlp"]
+    assert_made_by(text, "bench_reward_trainer.py")
+
+
+def test_bench_reward_trainer_memory(tmp_path):
+    run_script("bench_reward_trainer.py", tmp_path, "--quick", "--memory")
+    text = read(tmp_path / "bench_reward_trainer_memory.md")
+    header = [
+        "cnn84: batch / minibatch (one pass)",
+        "training memory MiB (peak RSS - RSS before training)",
+        "s/epoch",
+        "forward_size",
+    ]
+    rows = table(text, header, min_rows=2)
+    assert [row[0] for row in rows] == ["4 / 1", "4 / 2"]
+    assert_made_by(text, "bench_reward_trainer.py")
+
+
+def test_bench_reward_trainer_same_process(tmp_path):
+    run_script("bench_reward_trainer.py", tmp_path, "--quick", "--same-process")
+    text = read(tmp_path / "bench_reward_trainer_same_process.md")
+    header = ["config", "forward_size", "accum s/epoch", "floor s/epoch"]
+    rows = table(text, header, min_rows=1)
+    assert rows[0][:2] == ["mlp", "800"]
+    assert_made_by(text, "bench_reward_trainer.py")
+
+
+def test_bench_discriminator(tmp_path):
+    run_script("bench_discriminator.py", tmp_path, "--quick", "--check")
+    text = read(tmp_path / "bench_discriminator.md")
+    header = [
+        "device",
+        "batch / minibatch",
+        "s/step: bare (device) / bare (host) / train_disc(samples) / train_disc()",
+    ]
+    rows = table(text, header, min_rows=1)
+    assert rows[0][:2] == ["cpu", "8 / 2"]
+    exactness = re.search(r"Exactness \(--check\), cpu, batch 8, .*", text)
+    assert exactness, text
+    differences = re.findall(r"minibatch (\d+): (\d\.\de[-+]\d+)", exactness.group())
+    assert [m for m, _ in differences] == ["1", "3", "5"]
+    assert all(float(d) < 1e-5 for _, d in differences), differences
+    assert_made_by(text, "bench_discriminator.py")
+
+
+def test_bench_memory(tmp_path):
+    output = run_script("bench_memory.py", tmp_path, "--quick", "--check")
+    assert "CHECKS PASSED" in output
+    text = read(tmp_path / "memory.md")
+    header = [
+        "point",
+        "chunk (transitions)",
+        "call size",
+        "two-pass",
+        "step peak (GiB, RSS added)",
+        "step estimate (GiB)",
+    ]
+    rows = table(text, header, min_rows=5)
+    assert [row[0] for row in rows] == [
+        "minibatch_size=1",
+        "minibatch_size=2",
+        "memory_budget=1GiB",
+        "two pass, same chunk, one call per chunk",
+        "planner's choice (forward_size='auto')",
+    ]
+    assert "Budget points whose train peak is within the budget: 1 of 1." in text
+    assert_made_by(text, "bench_memory.py")
+    points = made_by_json(tmp_path / "memory.json", "bench_memory.py")
+    assert {"label", "peak_bytes", "estimate_bytes", "step_seconds"} <= set(points[0])
+    assert_png(tmp_path / "memory.png", "bench_memory.py")
+
+
+def test_bench_distributed(tmp_path):
+    run_script("bench_distributed.py", tmp_path, "--quick", "--device", "cpu")
+    text = read(tmp_path / "bench_distributed.md")
+    header = ["processes", "threads each", "device", "pairs/s", "vs 1st row"]
+    rows = table(text, header, min_rows=2)
+    assert [row[0] for row in rows] == ["1", "2"]
+    assert rows[1][2] == "cpu (gloo)"
+    assert_made_by(text, "bench_distributed.py")
+    results = made_by_json(tmp_path / "bench_distributed.json", "bench_distributed.py")
+    assert [r["processes"] for r in results] == [1, 2]
+    assert {"pairs_per_second", "forward_size", "backend"} <= set(results[0])
+
+
+def test_parity(tmp_path):
+    run_script("parity.py", tmp_path, "--quick")
+    text = read(tmp_path / "parity.md")
+    assert text.startswith("Held-out accuracy on 400 pairs after 2 epochs")
+    header = ["seed", "accum mb=32", "accum mb=8", "accum mb=5"]
+    rows = table(text, header, min_rows=1)
+    assert [row[0] for row in rows] == ["0"]
+    assert_made_by(text, "parity.py")
+
+
+def test_atari_reward_memory(tmp_path):
+    run_script("atari_reward_memory.py", tmp_path, "--quick")
+    text = read(tmp_path / "atari_reward_memory_84x84x4.md")
+    header = ["minibatch", "estimate GiB", "peak allocated GiB (peak RSS)"]
+    rows = table(text, header, min_rows=2)
+    assert [row[0] for row in rows] == ["2", "4"]
+    assert_made_by(text, "atari_reward_memory.py")
+    rows_json = made_by_json(
+        tmp_path / "atari_reward_memory_84x84x4.json", "atari_reward_memory.py"
+    )
+    assert [r["minibatch"] for r in rows_json] == [2, 4]
+
+
+# gpu_check.sh: its syntax, and its checks on the CPU ---------------------------
+
+
+def bash() -> str:
+    path = shutil.which("bash")
+    if path is None:
+        pytest.skip("no bash")
+    return path
+
+
+def test_gpu_check_syntax_and_usage():
+    run([bash(), "-n", "experiments/gpu_check.sh"])
+    assert "--device cpu" in run([bash(), "experiments/gpu_check.sh", "--help"])
+    done = subprocess.run(
+        [bash(), "experiments/gpu_check.sh", "--no-such-option"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2 and "unknown option" in done.stderr
+
+
+def test_gpu_check_quick_on_the_cpu(tmp_path):
+    command = [bash(), "experiments/gpu_check.sh", "--quick", "--device", "cpu"]
+    output = run([*command, "--out-dir", str(tmp_path)])
+    assert "CHECK PASSED on the CPU" in output
+    text = read(tmp_path / "gpu_check_cpu.md")
+    checks = [line.strip() for line in text.splitlines() if line.startswith("    ")]
+    assert len(checks) == 7, checks
+    assert all(line.startswith(("ok ", "skip ")) for line in checks), checks
+    assert "skip float16: CUDA only" in checks
+    assert_made_by(text, "gpu_check.sh")
+    memory = read(tmp_path / "memory_cpu.md")
+    table(memory, ["point", "chunk (transitions)"], min_rows=3)
+    assert_made_by(memory, "bench_memory.py")
+    made_by_json(tmp_path / "memory_cpu.json", "bench_memory.py")
+    assert_png(tmp_path / "memory_cpu.png", "bench_memory.py")
+
+
+# A stand-in for imitation's source tree: one test that passes in both runs, one
+# that passes only upstream (it sees the patched class), one that always errors.
+STAND_IN_TESTS = {
+    "test_preference_comparisons.py": """
+import pytest
+from imitation.algorithms import preference_comparisons as pc
+
+
+def test_passes_everywhere():
+    assert True
+
+
+def test_upstream_class():
+    assert pc.BasicRewardTrainer.__module__.startswith("imitation.")
+
+
+@pytest.fixture
+def expert():
+    raise OSError("no model hub here")
+
+
+def test_needs_the_hub(expert):
+    pass
+""",
+    "test_adversarial.py": """
+def test_passes_everywhere():
+    assert True
+""",
+}
+
+
+def test_imitation_tests_counts_and_names_regressions(tmp_path):
+    source = tmp_path / "imitation-1.0.1"
+    algorithms = source / "tests" / "algorithms"
+    algorithms.mkdir(parents=True)
+    (source / "tests" / "__init__.py").write_text("")
+    (algorithms / "__init__.py").write_text("")
+    for name, text in STAND_IN_TESTS.items():
+        (algorithms / name).write_text(text)
+    out = tmp_path / "out"
+    run_script("imitation_tests.py", out, "--imitation", str(source))
+    text = read(out / "imitation_tests.md")
+    rows = table(text, ["module", "upstream: passed / failed / error / skipped"], 2)
+    assert rows[0][1:] == ["2 / 0 / 1 / 0", "1 / 1 / 1 / 0"]
+    assert rows[1][1:] == ["1 / 0 / 0 / 0", "1 / 0 / 0 / 0"]
+    assert "Tests that pass upstream but not patched: 1" in text
+    assert "test_upstream_class`: failed" in text
