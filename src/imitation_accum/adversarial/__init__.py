@@ -1,7 +1,7 @@
 """AIRL and GAIL whose discriminator update is accumulated exactly."""
 
 from imitation_accum.adversarial.algorithms import AIRL, GAIL
-from imitation_accum.adversarial.trainers import (
+from imitation_accum.adversarial.arguments import (
     policy_observations,
     resolve_minibatch_size,
 )

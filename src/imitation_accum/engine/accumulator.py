@@ -37,11 +37,11 @@ from typing import Dict, Generic, List, Optional, Sequence, TypeVar
 import numpy as np
 import torch as th
 from imitation.regularization import regularizers
-from imitation.util import networks
 from torch import nn
 
 from imitation_accum.engine import (
     checkpointing,
+    evaluation,
     gradients,
     norm_replay,
     observability,
@@ -398,10 +398,10 @@ class GradientAccumulator(SingleProcessHooks, Generic[ChunkT]):
         pre-pass repeated until the gathered moments stop changing; whether the
         net is like that is learnt on the first step by running a second pass.
         """
-        provisional = None
-        previous: Optional[norm_replay.CallMoments] = None
-        passes = 0
-        while True:
+
+        def gather(
+            provisional: Optional[norm_replay.CallStats],
+        ) -> norm_replay.CallMoments:
             with (
                 th.no_grad(),
                 rng.forked_rng(self.device),
@@ -410,21 +410,9 @@ class GradientAccumulator(SingleProcessHooks, Generic[ChunkT]):
             ):
                 for chunk in chunks:
                     task.forward(chunk, forward_size)
-            moments = self._all_reduce_moments(moments)
-            stats = self.norms.replay(moments)
-            passes += 1
-            if self.norms.chained is False:
-                return stats
-            if previous is not None and norm_replay.moments_equal(previous, moments):
-                if self.norms.chained is None:
-                    self.norms.chained = passes > 2
-                return stats
-            if passes > 1 + sum(len(calls) for calls in moments):
-                raise RuntimeError(
-                    "norm layer statistics did not settle: the inputs of the norm "
-                    "layers keep changing between identical pre-passes",
-                )
-            previous, provisional = moments, stats.per_call
+            return self._all_reduce_moments(moments)
+
+        return norm_replay.settled_statistics(self.norms, gather)
 
     def _check_finite_grads(self, n_chunks: int) -> None:
         if not th.isfinite(gradients.total_norm(self.params)):
@@ -462,23 +450,7 @@ class GradientAccumulator(SingleProcessHooks, Generic[ChunkT]):
         Returns:
             Mean loss, per-item losses and mean metrics.
         """
-        item_losses: List[th.Tensor] = []
-        metric_sums: Dict[str, th.Tensor] = {}
-        with th.no_grad(), networks.evaluating(self.net):
-            for chunk in chunks:
-                with self.forward_context(grad=False):
-                    outputs = task.forward(chunk, plan.forward_size)
-                out = task.loss(chunk, outputs.float())
-                item_losses.append(out.item_losses)
-                for name, value in out.metric_sums.items():
-                    metric_sums[name] = metric_sums.get(name, 0) + value
-        losses = concat_losses(item_losses)
-        total = self._global_sum(th.as_tensor(losses.sum(), dtype=th.float64))
-        return EvaluationResult(
-            loss=float(total) / n_items,
-            item_losses=losses,
-            metrics=self._global_means(metric_sums, task.metric_names, n_items),
-        )
+        return evaluation.evaluate(self, task, chunks, plan=plan, n_items=n_items)
 
 
 def _concat_outputs(outs: Sequence[ChunkLoss]) -> Optional[th.Tensor]:

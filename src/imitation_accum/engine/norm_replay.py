@@ -25,7 +25,7 @@ the pre-pass until the moments stop changing. Layers that couple the items of a 
 
 import contextlib
 import dataclasses
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch as th
 from imitation.util import networks
@@ -329,3 +329,47 @@ def moments_equal(a: CallMoments, b: CallMoments) -> bool:
         for calls_a, calls_b in zip(a, b)
         for x, y in zip(calls_a, calls_b)
     )
+
+
+def settled_statistics(
+    norms: NormReplay,
+    gather: Callable[[Optional[CallStats]], CallMoments],
+) -> ReplayedStatistics:
+    """Statistics from no-grad pre-passes, repeated until they settle.
+
+    A layer whose input depends on another norm layer's output needs the
+    pre-pass repeated until the gathered moments stop changing; whether the net
+    is like that is learnt on the first step by running a second pass
+    (``norms.chained``).
+
+    Args:
+        norms: The net's norm layers.
+        gather: Runs one pre-pass, normalizing with the given provisional
+            per-call statistics (``None`` at first), and returns the moments
+            every norm call saw.
+
+    Returns:
+        The replayed statistics.
+
+    Raises:
+        RuntimeError: if the moments do not settle.
+    """
+    provisional = None
+    previous: Optional[CallMoments] = None
+    passes = 0
+    while True:
+        moments = gather(provisional)
+        stats = norms.replay(moments)
+        passes += 1
+        if norms.chained is False:
+            return stats
+        if previous is not None and moments_equal(previous, moments):
+            if norms.chained is None:
+                norms.chained = passes > 2
+            return stats
+        if passes > 1 + sum(len(calls) for calls in moments):
+            raise RuntimeError(
+                "norm layer statistics did not settle: the inputs of the norm "
+                "layers keep changing between identical pre-passes",
+            )
+        previous, provisional = moments, stats.per_call

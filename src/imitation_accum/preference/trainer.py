@@ -35,10 +35,11 @@ from imitation_accum.preference import (
     records,
     sampling,
 )
+from imitation_accum.preference.attributes import ImitationAttributes
 from imitation_accum.preference.workload import PairWorkload
 
 
-class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
+class CrossEntropyRewardTrainer(ImitationAttributes):
     """Trains a reward net on preferences, accumulating gradients exactly.
 
     A drop-in for imitation's ``BasicRewardTrainer`` with ``CrossEntropyRewardLoss``:
@@ -222,43 +223,6 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
 
     def _log(self, message: str) -> None:
         self.logger.log(message)
-
-    @property
-    def logger(self) -> imit_logger.HierarchicalLogger:
-        """The logger; setting it also redirects the regularizer's records."""
-        return self._logger
-
-    @logger.setter
-    def logger(self, custom_logger: imit_logger.HierarchicalLogger) -> None:
-        self._logger = custom_logger
-        regularizer = getattr(self, "regularizer", None)
-        if regularizer is not None:
-            regularizer.logger = custom_logger
-
-    @property  # type: ignore[override]
-    def optim(self) -> th.optim.Optimizer:
-        """The optimizer (imitation's attribute).
-
-        Assigning another one makes the engine step it and the regularizer use
-        it, from the next step on.
-        """
-        return self._optim
-
-    @optim.setter
-    def optim(self, optimizer: th.optim.Optimizer) -> None:
-        if not isinstance(optimizer, th.optim.Optimizer):
-            raise TypeError(
-                "optim must be a torch.optim.Optimizer, got "
-                f"{type(optimizer).__name__}",
-            )
-        self._optim = optimizer
-        if getattr(self, "_engine", None) is not None:
-            self.engine.optimizer = optimizer
-        regularizer = getattr(self, "regularizer", None)
-        if regularizer is not None:
-            regularizer.optimizer = optimizer
-        if getattr(self, "planner", None) is not None:
-            self.planner.profile = None  # its training-state bytes are the old one's
 
     @property
     def engine(self) -> GradientAccumulator:
