@@ -62,44 +62,31 @@ def minibatch_within_batch(
         )
 
 
+def finite_float(name: str, value: object, *, allow_zero: bool = False) -> float:
+    """Returns ``value`` as a float if it is finite and positive (or zero).
+
+    Args:
+        name: The argument's name, used in the error message.
+        value: The value to check.
+        allow_zero: Whether 0 is accepted.
+
+    Returns:
+        ``value`` as a ``float``.
+
+    Raises:
+        ValueError: if ``value`` is not a finite number above 0 (or at least 0).
+    """
+    kind = "a finite number >= 0" if allow_zero else "a positive finite number"
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        raise ValueError(f"{name} must be {kind}, got {value!r}.")
+    if not np.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {kind}, got {value!r}.")
+    return float(value)
+
+
 def positive_finite_float(name: str, value: object) -> float:
-    """Returns ``value`` as a float if it is finite and positive.
-
-    Args:
-        name: The argument's name, used in the error message.
-        value: The value to check.
-
-    Returns:
-        ``value`` as a ``float``.
-
-    Raises:
-        ValueError: if ``value`` is not a finite positive number.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
-        raise ValueError(f"{name} must be a positive number, got {value!r}.")
-    if not np.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
-    return float(value)
-
-
-def non_negative_finite_float(name: str, value: object) -> float:
-    """Returns ``value`` as a float if it is finite and not negative.
-
-    Args:
-        name: The argument's name, used in the error message.
-        value: The value to check.
-
-    Returns:
-        ``value`` as a ``float``.
-
-    Raises:
-        ValueError: if ``value`` is not a finite number of at least 0.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
-        raise ValueError(f"{name} must be a number, got {value!r}.")
-    if not np.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")
-    return float(value)
+    """:func:`finite_float` without zero."""
+    return finite_float(name, value)
 
 
 def forward_size_arg(value: object) -> Union[int, str]:

@@ -1,5 +1,7 @@
 """imitation's trainer attributes that code reads and assigns: logger and optim."""
 
+from typing import Any, List
+
 import torch as th
 from imitation.algorithms import preference_comparisons as pc
 from imitation.util import logger as imit_logger
@@ -21,9 +23,14 @@ class ImitationAttributes(pc.BasicRewardTrainer):
     @logger.setter
     def logger(self, custom_logger: imit_logger.HierarchicalLogger) -> None:
         self._logger = custom_logger
+        for follower in self._logger_followers():
+            follower.logger = custom_logger
+
+    def _logger_followers(self) -> List[Any]:
+        """What logs through this trainer's logger (a hook): the regularizer."""
+        # May not exist yet: imitation's constructor assigns the logger first.
         regularizer = getattr(self, "regularizer", None)
-        if regularizer is not None:
-            regularizer.logger = custom_logger
+        return [] if regularizer is None else [regularizer]
 
     @property  # type: ignore[override]
     def optim(self) -> th.optim.Optimizer:

@@ -1,11 +1,10 @@
 """Ensembles: each member of a ``RewardEnsemble`` trained like a plain net."""
 
 import inspect
-from typing import Any, Mapping, Optional
+from typing import Any, List, Mapping, Optional
 
 import numpy as np
 from imitation.algorithms import preference_comparisons as pc
-from imitation.util import logger as imit_logger
 
 from imitation_accum.preference.trainer import CrossEntropyRewardTrainer
 
@@ -49,19 +48,10 @@ class EnsembleTrainer(CrossEntropyRewardTrainer, pc.EnsembleTrainer):
             member.planner.forward_sizes = self.planner.forward_sizes
             self.member_trainers.append(member)
 
-    @property
-    def logger(self) -> imit_logger.HierarchicalLogger:
-        """The logger, shared with every member trainer."""
-        return self._logger
-
-    @logger.setter
-    def logger(self, custom_logger: imit_logger.HierarchicalLogger) -> None:
-        self._logger = custom_logger
-        regularizer = getattr(self, "regularizer", None)
-        if regularizer is not None:
-            regularizer.logger = custom_logger
-        for member_trainer in getattr(self, "member_trainers", []):
-            member_trainer.logger = custom_logger
+    def _logger_followers(self) -> List[Any]:
+        """The regularizer and every member trainer share this trainer's logger."""
+        members = list(getattr(self, "member_trainers", []))
+        return super()._logger_followers() + members
 
     # imitation's bagging and metric averaging, reused as is: it only calls
     # ``train`` on the member trainers and reads the logger.

@@ -149,7 +149,7 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
         self.minibatch_size: Optional[int] = minibatch  # type: ignore[assignment]
         self.memory_budget = parsed_budget
         self.epochs = _validation.positive_int("epochs", epochs)
-        lr = _validation.non_negative_finite_float("lr", lr)
+        lr = _validation.finite_float("lr", lr, allow_zero=True)
         self.forward_size = _validation.forward_size_arg(forward_size)
         self.autocast_dtype = precision.parse_autocast_dtype(autocast_dtype)
         self.activation_checkpointing = arguments.check_flag(
