@@ -6,6 +6,7 @@ for preference comparisons.
 
 from imitation_accum.adversarial import AIRL, GAIL
 from imitation_accum.distributed.trainer import DistributedRewardTrainer
+from imitation_accum.engine.acceleration import Acceleration
 from imitation_accum.engine.accumulator import GradientAccumulator
 from imitation_accum.integrations.patching import patch, patched, unpatch
 
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AIRL",
     "GAIL",
+    "Acceleration",
     "CrossEntropyRewardTrainer",
     "DistributedRewardTrainer",
     "EnsembleTrainer",

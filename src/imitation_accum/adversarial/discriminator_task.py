@@ -27,6 +27,7 @@ from imitation.rewards import reward_nets
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from imitation_accum.engine import staging
 from imitation_accum.engine.task import ChunkLoss
 from imitation_accum.nets import input_preparation
 
@@ -252,16 +253,32 @@ class DiscriminatorTask:
         self.logits_fn = logits_fn
         self.device = preprocessing_net.device
         self.prepare = input_preparation.InputPreparer(preprocessing_net, forward_net)
+        self.stager: Optional[staging.Stager[DiscriminatorChunk]] = None
+
+    def stage(self, chunks: Sequence[DiscriminatorChunk]) -> None:
+        """Has the stager, if any, move each chunk's inputs a chunk ahead."""
+        if self.stager is not None:
+            keys = self.staged_keys
+
+            def host_arrays(chunk: DiscriminatorChunk) -> List[th.Tensor]:
+                return [chunk.batch.fields[k][chunk.start : chunk.stop] for k in keys]
+
+            self.stager.schedule(chunks, host_arrays, self.device)
 
     def inputs(
         self, chunk: DiscriminatorChunk
     ) -> Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
         """The reward net's preprocessed inputs for the chunk's transitions."""
         if self.prepare.reads_next_state:
-            obs, acts, next_obs, dones = chunk.raw(self.device, FIELDS)
+            obs, acts, next_obs, dones = self._raw(chunk)
             return self.prepare(obs, acts, next_obs, dones)
-        obs, acts, dones = chunk.raw(self.device, self.staged_keys)
+        obs, acts, dones = self._raw(chunk)
         return self.prepare(obs, acts, None, dones)
+
+    def _raw(self, chunk: DiscriminatorChunk) -> List[th.Tensor]:
+        if self.stager is None:
+            return chunk.raw(self.device, self.staged_keys)
+        return self.stager.fetch(chunk)  # type: ignore[return-value]
 
     @property
     def staged_keys(self) -> Tuple[str, ...]:

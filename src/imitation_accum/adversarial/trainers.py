@@ -43,6 +43,8 @@ from imitation_accum.adversarial.arguments import (
     resolve_minibatch_size,
 )
 from imitation_accum.adversarial.workload import DiscriminatorWorkload
+from imitation_accum.engine import acceleration as acceleration_options
+from imitation_accum.engine import staging
 from imitation_accum.engine.accumulator import GradientAccumulator
 from imitation_accum.engine.task import StepResult
 from imitation_accum.planning import budget, probe
@@ -74,6 +76,9 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             the discriminator on a few transitions at the first discriminator
             step (logged). On CUDA, a step that runs out of memory anyway is
             redone with minibatches half as large.
+        acceleration: Accelerator options for the discriminator, all off by
+            default: an :class:`~imitation_accum.engine.acceleration.Acceleration`
+            or a mapping of its fields; see ``docs/gpu.md``.
         **kwargs: imitation's further ``AdversarialTrainer`` arguments
             (``n_disc_updates_per_round``, ``disc_opt_cls``, ``disc_opt_kwargs``,
             ``custom_logger``, ...), with imitation's defaults.
@@ -102,6 +107,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         minibatch_size: Optional[int] = None,
         max_grad_norm: Optional[float] = None,
         memory_budget: Optional[Any] = None,
+        acceleration: acceleration_options.AccelerationArg = None,
         **kwargs: Any,
     ) -> None:
         batch_size = _validation.positive_int("demo_batch_size", demo_batch_size)
@@ -116,6 +122,8 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             else _validation.positive_finite_float("max_grad_norm", max_grad_norm)
         )
         parsed_budget = budget.parse_budget(memory_budget)
+        self.acceleration = acceleration_options.Acceleration.parse(acceleration)
+        self.acceleration.check_net(reward_net)
         if parsed_budget is not None and chunk_size is not None:
             raise ValueError(
                 f"demo_minibatch_size (or minibatch_size)={chunk_size!r} and "
@@ -279,17 +287,21 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             pin_memory="cuda" in devices,
         )
         chunks = discriminator_task.make_chunks(batch, rows, self.reward_train.device)
+        task.stage(chunks)
         if self._uses_policy_log_probs:
             for chunk in chunks:
                 chunk.log_policy_act_prob = self._policy_log_probs(chunk)
         return chunks
 
     def _disc_task(self) -> discriminator_task.DiscriminatorTask:
-        return discriminator_task.DiscriminatorTask(
+        task = discriminator_task.DiscriminatorTask(
             self.logits_expert_is_high,
             self.reward_train,
             self._reward_net,
         )
+        if self.acceleration.pinned_staging:
+            task.stager = staging.Stager()
+        return task
 
     def train_disc(
         self,
@@ -319,7 +331,10 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             FloatingPointError: if the loss or gradient is not finite; the
                 discriminator is then as before the call.
         """
-        with self.logger.accumulate_means("disc"):
+        accelerated = acceleration_options.maybe_applied(
+            self.acceleration, self._reward_net
+        )
+        with self.logger.accumulate_means("disc"), accelerated:
             write_summaries = self._init_tensorboard and self._global_step % 20 == 0
             expert, generated = self._disc_samples(
                 expert_samples=expert_samples,

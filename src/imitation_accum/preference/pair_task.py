@@ -29,6 +29,7 @@ from imitation.rewards import reward_nets
 from imitation.util import util
 from torch.nn import functional as F  # noqa: N812
 
+from imitation_accum.engine import staging
 from imitation_accum.engine.task import ChunkLoss
 from imitation_accum.nets import input_preparation
 from imitation_accum.planning.plan import StepPlan
@@ -92,13 +93,25 @@ def make_chunks(
     """
     if not len(local):
         return []
+    chunks: List[Union[PairChunk, TransitionChunk]]
     if plan.two_pass:
         batch = task.make_chunk(table, local)
-        return [
+        chunks = [
             TransitionChunk(batch, side, start, stop)
             for side, start, stop in plan.transition_chunks
         ]
-    return [task.make_chunk(table, local[s]) for s in plan.item_chunks]
+    else:
+        chunks = [task.make_chunk(table, local[s]) for s in plan.item_chunks]
+    if task.stager is not None:  # inputs move a chunk ahead (engine.staging)
+        next_obs = task.inputs.reads_next_state
+        task.stager.schedule(chunks, _ranges, task.device, next_obs=next_obs)
+    return chunks
+
+
+def _ranges(chunk: Union[PairChunk, TransitionChunk]) -> staging.Ranges:
+    if isinstance(chunk, TransitionChunk):
+        return [(chunk.batch.layouts[chunk.side], chunk.start, chunk.stop)]
+    return [(layout, 0, layout.n_transitions) for layout in chunk.layouts]
 
 
 def probability_first_preferred(
@@ -197,12 +210,13 @@ class PreferenceTask:
         self.call_target: th.nn.Module = net
         self.device = net.device
         self.inputs = input_preparation.InputPreparer(net)
+        self.stager: Optional[staging.RangeStager] = None
 
     def refresh_device(self) -> None:
         """Re-reads the net's device (looked up once per step, not per call)."""
         self.device = self.net.device
 
-    def _to_device(self, array: np.ndarray) -> th.Tensor:
+    def _to_device(self, array: staging.HostArray) -> th.Tensor:
         return util.safe_to_tensor(array).to(self.device)
 
     def make_chunk(
@@ -226,7 +240,7 @@ class PreferenceTask:
 
     def call(
         self,
-        layout: fragments.FragmentLayout,
+        layout: staging.RowSource,
         start: int,
         stop: int,
         module: Optional[th.nn.Module] = None,
@@ -276,14 +290,18 @@ class PreferenceTask:
         """
         if isinstance(chunk, TransitionChunk):
             layout = chunk.batch.layouts[chunk.side]
-            return self.call(layout, chunk.start, chunk.stop)
+            staged = self.stager.fetch(chunk)[0] if self.stager else layout
+            return self.call(staged, chunk.start, chunk.stop)
         outputs: Tuple[List[th.Tensor], List[th.Tensor]] = ([], [])
         longest = max(layout.n_transitions for layout in chunk.layouts)
+        sources: Sequence[staging.RowSource] = (
+            self.stager.fetch(chunk) if self.stager else chunk.layouts
+        )
         for start in range(0, longest, forward_size):
-            for side, layout in enumerate(chunk.layouts):
-                if start < layout.n_transitions:
-                    stop = min(start + forward_size, layout.n_transitions)
-                    outputs[side].append(self.call(layout, start, stop))
+            for side, source in enumerate(sources):
+                if start < source.n_transitions:
+                    stop = min(start + forward_size, source.n_transitions)
+                    outputs[side].append(self.call(source, start, stop))
         return th.cat([*outputs[0], *outputs[1]])
 
     def returns(

@@ -21,7 +21,8 @@ from torch.utils import data as data_th
 from tqdm.auto import tqdm
 
 from imitation_accum import _validation
-from imitation_accum.engine import checkpointing, precision
+from imitation_accum.engine import acceleration as acceleration_options
+from imitation_accum.engine import checkpointing, precision, staging
 from imitation_accum.engine.accumulator import GradientAccumulator
 from imitation_accum.engine.task import EvaluationResult, StepResult
 from imitation_accum.planning import budget, probe
@@ -93,6 +94,10 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
         two_pass: ``None`` lets the planner choose two passes when one pair does
             not fit, or when it measures them faster (``forward_size="auto"``);
             ``True``/``False`` pins the choice.
+        acceleration: Accelerator options, all off by default: an
+            :class:`~imitation_accum.engine.acceleration.Acceleration` or a mapping
+            of its fields (``pinned_staging``, ``channels_last``, ``compile``,
+            ``cudnn_benchmark``); see ``docs/gpu.md``.
 
     Raises:
         ValueError: if an argument is out of range (named in the message), both
@@ -139,6 +144,7 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
         autocast_dtype: Optional[str] = None,
         activation_checkpointing: bool = False,
         two_pass: Optional[bool] = None,
+        acceleration: acceleration_options.AccelerationArg = None,
     ) -> None:
         arguments.check_preference_model(preference_model, ensemble=self._for_ensembles)
         arguments.check_loss_and_rng(loss, rng)
@@ -156,6 +162,7 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
             "activation_checkpointing", activation_checkpointing
         )
         self.two_pass = arguments.check_optional_flag("two_pass", two_pass)
+        self.acceleration = acceleration_options.Acceleration.parse(acceleration)
         self.drop_last = arguments.check_flag("drop_last", drop_last)
         self.max_grad_norm = (
             None
@@ -179,6 +186,8 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
             else None
         )
         self._task = pair_task.task_for(preference_model)
+        if self.acceleration.pinned_staging:
+            self._task.stager = staging.RangeStager()
         self._gt_losses: Optional[np.ndarray] = None
         self.planner = Planner(
             minibatch_size=self.minibatch_size,
@@ -204,6 +213,15 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
         if self.activation_checkpointing:
             checkpointing.check_checkpointable(net)
         budget.check_holds_training_state(self.memory_budget, self.optim)
+        self.acceleration.check_net(net, self.activation_checkpointing)
+
+    def train(
+        self, dataset: pc.PreferenceDataset, epoch_multiplier: float = 1.0
+    ) -> None:
+        """Trains as imitation's ``train`` does, with the ``acceleration`` options."""
+        options = None if self._for_ensembles else self.acceleration  # per member
+        with acceleration_options.maybe_applied(options, self._preference_model.model):
+            super().train(dataset, epoch_multiplier)
 
     def _make_engine(self) -> GradientAccumulator:
         """The accumulation engine for this trainer's reward net (a hook)."""
