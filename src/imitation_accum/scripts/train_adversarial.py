@@ -31,6 +31,7 @@ from typing import Any, Dict
 from imitation.scripts.train_adversarial import train_adversarial_ex as imitation_ex
 
 import imitation_accum
+from imitation_accum.engine import acceleration
 from imitation_accum.scripts import atari_configs, experiment, ingredients
 
 train_adversarial_ex = experiment.derive(imitation_ex)
@@ -78,6 +79,8 @@ def check_algorithm_kwargs(
         "demo_batch_size",
         ["demo_minibatch_size", "minibatch_size"],
     )
+    key = "algorithm_kwargs.acceleration"
+    acceleration.Acceleration.parse(kwargs.get("acceleration"), key)
     return {}
 
 

@@ -29,7 +29,8 @@ from imitation.scripts.train_preference_comparisons import (
 )
 
 import imitation_accum
-from imitation_accum.scripts import atari_configs, experiment, ingredients
+from imitation_accum.engine import acceleration
+from imitation_accum.scripts import atari_configs, experiment, gpu_configs, ingredients
 
 train_preference_comparisons_ex = experiment.derive(imitation_ex)
 
@@ -65,6 +66,8 @@ def check_reward_trainer_kwargs(
         "batch_size",
         ["minibatch_size"],
     )
+    key = "reward_trainer_kwargs.acceleration"
+    acceleration.Acceleration.parse(kwargs.get("acceleration"), key)
     return {}
 
 
@@ -93,6 +96,7 @@ atari_configs.add_named_configs(
     atari_configs.preference_config,
     atari_configs.preference_unwrapped_config,
 )
+gpu_configs.add_named_configs(train_preference_comparisons_ex)
 
 
 def main_console() -> None:

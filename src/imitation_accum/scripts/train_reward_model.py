@@ -49,7 +49,8 @@ from imitation.util import logger as imit_logger
 from sacred.observers import FileStorageObserver
 
 from imitation_accum import _validation, checkpoint, distributed
-from imitation_accum.scripts import atari_configs, experiment, ingredients
+from imitation_accum.engine import acceleration
+from imitation_accum.scripts import atari_configs, experiment, gpu_configs, ingredients
 
 # Configured and run under imitation_accum.patched(), as this package's other
 # experiments: imitation's reward ingredient then also builds CNN reward nets.
@@ -128,6 +129,7 @@ for _name, _game in atari_configs.GAMES.items():
             "reward": atari_configs.reward(),
         },
     )
+gpu_configs.add_named_configs(train_reward_model_ex)
 
 
 def _check_config(
@@ -160,6 +162,7 @@ def _check_config(
         key, kwargs, accepted, "batch_size", ["minibatch_size"]
     )
     _validation.positive_int(f"{key}.epochs", kwargs.get("epochs", 1))
+    acceleration.Acceleration.parse(kwargs.get("acceleration"), f"{key}.acceleration")
     _optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
     interval = config["checkpoint_interval"]
     if isinstance(interval, bool) or not isinstance(interval, int):
