@@ -1,41 +1,58 @@
 #!/usr/bin/env bash
-# Memory planning on a CUDA GPU, self-checking, in under five minutes.
+# The CUDA path measured and checked in one run of at most about six minutes.
 #
-# 1. experiments/bench_memory.py --device cuda --check: peak memory
+# 1. experiments/gpu_bench.py: one table, CnnRewardNet on 84x84x4 frames: the
+#    preference step (128 pairs of 25 steps, minibatches of 16/32/128 pairs) and
+#    the GAIL discriminator step (1024 rows, minibatches of 256/512/1024): a bare
+#    loop over device-resident frames, the same loop copying from the host, this
+#    package's default, each `acceleration` option, bf16, and all together;
+#    frames/s, time per step, max_memory_allocated. Rows not started within
+#    --bench-time-limit seconds (default 150) are listed as not run.
+# 2. experiments/bench_memory.py --device cuda --check: peak memory
 #    (torch.cuda.max_memory_allocated) against minibatch_size and memory_budget for
-#    CnnRewardNet on 210x160x3 frames, one pass against two passes; fails unless
-#    every budget holds, every step stays within its estimate, the peak is linear
-#    in the chunk size and two passes cost at most 1.5x one pass.
-# 2. A real CUDA out-of-memory error (PyTorch capped at 3 GiB): the trainer halves
+#    CnnRewardNet on 210x160x3 frames; fails unless every budget holds, every step
+#    stays within its estimate and the peak is linear in the chunk size.
+# 3. A real CUDA out-of-memory error (PyTorch capped at 3 GiB): the trainer halves
 #    the chunk and redoes the step, and the result equals an uninterrupted run
 #    with the final plan; at one transition it stops with a clear error.
-# 3. Two passes are exact on the GPU (TF32 off); bfloat16 and float16 (GradScaler)
+# 4. Two passes are exact on the GPU (TF32 off); bfloat16 and float16 (GradScaler)
 #    train and agree with float32 within their precision.
 #
-# Usage (from anywhere; needs a CUDA GPU and the package with its dependencies,
-# e.g. `pip install -e .` in a CUDA build of PyTorch):
+# It needs torch with CUDA and nothing else installed: the package is read from
+# src/, and the pure-Python wheels of its dependencies (imitation, SB3, gymnasium,
+# seals, sacred and theirs) from .wheels/ (ignored by git), which
+#     experiments/gpu_check.sh --fetch-wheels
+# fills on a machine with a package index; on the GPU machine they are installed
+# into a temporary folder when `import imitation` fails.
+#
+# Usage (from anywhere):
 #     experiments/gpu_check.sh [--out-dir DIR]     # default: docs/results
 #     experiments/gpu_check.sh --quick   # any machine; default: output/experiments
 # Exit status 0 and "GPU CHECK PASSED" when everything holds. Results land in
-# DIR/memory_cuda.{md,json,png} and DIR/gpu_check_cuda.md (the checks' lines).
+# DIR/gpu_bench_cuda.{md,json}, DIR/memory_cuda.{md,json,png} and
+# DIR/gpu_check_cuda.md (the checks' lines).
 # Without --out-dir, DIR is docs/results (the committed tables) and, with --quick,
 # output/experiments (ignored by git), both at the repository root; a relative DIR
 # is taken from the current directory; DIR may also come as the one positional
 # argument (as before).
 #
-# --device cpu runs the same checks on the CPU: step 1 against the resident set
-# size, step 2 with the out-of-memory error simulated (a forward hook raises
-# torch.OutOfMemoryError for calls with gradient above a size), step 3 without
-# float16 (CUDA only). Files: DIR/memory_cpu.{md,json,png}, DIR/gpu_check_cpu.md.
-# --quick checks that the script runs, in seconds: the benchmark's memory series
-# at tiny sizes (bench_memory.py --quick --series minibatch,budget: no time
-# target) and, on the CPU, steps 2 and 3 on tiny datasets; without --device it
-# takes the CPU when there is no CUDA GPU. Its figures mean little.
+# --device cpu runs the same steps on the CPU: step 2 against the resident set
+# size, step 3 with the out-of-memory error simulated (a forward hook raises
+# torch.OutOfMemoryError for calls with gradient above a size), step 4 without
+# float16 (CUDA only). Files: DIR/gpu_bench_cpu.*, DIR/memory_cpu.*,
+# DIR/gpu_check_cpu.md.
+# --quick checks that the script runs, in seconds: the table at tiny sizes
+# (gpu_bench.py --quick), the benchmark's memory series at tiny sizes
+# (bench_memory.py --quick --series minibatch,budget: no time target) and, on the
+# CPU, steps 3 and 4 on tiny datasets; without --device it takes the CPU when
+# there is no CUDA GPU. Its figures mean little.
 set -euo pipefail
 command="experiments/gpu_check.sh${*:+ $*}"
 out=
 device=
 quick=0
+bench_limit=150
+fetch_wheels=0
 while [ $# -gt 0 ]; do
   case $1 in
     --out-dir) out=$2; shift 2 ;;
@@ -43,6 +60,8 @@ while [ $# -gt 0 ]; do
     --device) device=$2; shift 2 ;;
     --device=*) device=${1#*=}; shift ;;
     --quick) quick=1; shift ;;
+    --bench-time-limit) bench_limit=$2; shift 2 ;;
+    --fetch-wheels) fetch_wheels=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) out=$1; shift ;;
@@ -57,6 +76,27 @@ esac
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 python=${PYTHON:-python3}
+
+# Pure-Python wheels (or cp312 manylinux ones) of what torch's CUDA image lacks.
+wheels=.wheels
+if [ "$fetch_wheels" = 1 ]; then
+  mkdir -p "$wheels"
+  "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$wheels" imitation==1.0.1 stable-baselines3==2.2.1 gymnasium==0.29.1 \
+    farama-notifications==0.0.6 seals==0.2.1 sacred==0.8.7 docopt-ng==0.9.0 \
+    jsonpickle==4.1.4 munch==4.0.0 GitPython==3.2.1 gitdb==4.0.12 smmap==5.0.3
+  ls "$wheels"
+  exit 0
+fi
+needed='import imitation, stable_baselines3, gymnasium, seals'
+if ! "$python" -c "$needed" 2>/dev/null && ls "$wheels"/*.whl >/dev/null 2>&1; then
+  site=${TMPDIR:-/tmp}/imitation_accum_site
+  "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target "$site" "$wheels"/*.whl
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
 has_cuda='import torch, sys; sys.exit(0 if torch.cuda.is_available() else "no CUDA GPU")'
 if [ -z "$device" ]; then
@@ -77,12 +117,18 @@ esac
 mkdir -p "$out"
 
 start=$SECONDS
+table_status=0
+table_args=(--device "$device" --time-limit-s "$bench_limit" --out-dir "$out")
+if [ "$quick" = 1 ]; then table_args+=(--quick); fi
+"$python" experiments/gpu_bench.py "${table_args[@]}" || table_status=$?
+echo "table: $((SECONDS - start)) s, status $table_status"
+
 bench_status=0
 if [ "$quick" = 1 ]; then
   # Its --check leaves out the time target: the time series can go too.
   sizes=(--quick --series minibatch,budget)
 else
-  sizes=(--fewer-points --fragment-length 50)
+  sizes=(--fewer-points --fragment-length 50 --series minibatch,budget)
 fi
 "$python" experiments/bench_memory.py --device "$device" --check "${sizes[@]}" \
   --out "$out/memory_$device" || bench_status=$?
@@ -177,7 +223,7 @@ def grads(net):
     return [p.grad.clone() for p in net.parameters()]
 
 
-# 2. A real out-of-memory error, halved away -----------------------------------
+# 3. A real out-of-memory error, halved away -----------------------------------
 # CUDA: 400 transitions, about 7 GiB in one chunk, PyTorch capped at 3 GiB. CPU:
 # the error simulated above 8 transitions per call.
 n_pairs, length = (2, 5) if quick and not cuda else (4, 50)
@@ -228,7 +274,7 @@ if cuda:
     th.cuda.set_per_process_memory_fraction(1.0)
     th.cuda.empty_cache()
 
-# 3. Two passes exact; bfloat16 and float16 ------------------------------------
+# 4. Two passes exact; bfloat16 and float16 ------------------------------------
 n_pairs, length, call = (2, 4, 3) if quick and not cuda else (4, 30, 7)
 dataset = make_dataset(n_pairs, length)
 onednn = th.backends.mkldnn.enabled
@@ -263,7 +309,7 @@ for dtype, tolerance in (("bfloat16", 3e-2), ("float16", 5e-3)):
           f"loss scale {scale}")
 with open(report_path, "w") as report:
     report.write(
-        f"gpu_check.sh checks 2 and 3 on {device_name}"
+        f"gpu_check.sh checks 3 and 4 on {device_name}"
         f"{' (--quick: tiny datasets)' if quick and not cuda else ''}:\n\n"
     )
     report.write("".join(f"    {line}\n" for line in lines))
@@ -274,6 +320,10 @@ print(f"wrote {report_path}")
 if failures:
     sys.exit(f"{len(failures)} GPU check(s) failed")
 EOF
+if [ "$table_status" -ne 0 ]; then
+  echo "GPU CHECK FAILED: rows of the table failed (see above)" >&2
+  exit 1
+fi
 if [ "$bench_status" -ne 0 ]; then
   echo "GPU CHECK FAILED: the benchmark's targets (see above)" >&2
   exit 1
