@@ -189,13 +189,17 @@ class Stager(Generic[ChunkT]):
     ) -> None:
         """Sets the chunks of a step, in the order they will be fetched.
 
-        Copies under way for an earlier schedule are dropped.
+        Copies under way for an earlier schedule are dropped, once the compute
+        stream has waited for them (their memory may then be reused safely).
 
         Args:
             chunks: The step's chunks.
             host_arrays: A chunk's host arrays (``None`` entries are kept).
             device: Where the arrays go.
         """
+        if self.transport is not None:
+            for pending in self._pending.values():
+                self.transport.wait(pending)
         if self._fixed_transport is None:
             if device not in self._transports:
                 self._transports[device] = transport_for(device)
