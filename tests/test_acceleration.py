@@ -230,11 +230,13 @@ def test_static_shape_forward_pads_and_cuts():
         return x.sum(1) + y
 
     forward = net_acceleration.StaticShapeForward(function)
-    x, y = th.ones(4, 2), th.arange(4.0)
-    assert th.equal(forward(x, y), x.sum(1) + y)
-    out = forward(x[:3], y[:3])
-    assert th.equal(out, (x.sum(1) + y)[:3])
-    assert calls == [((4, 2), (4,)), ((4, 2), (4,))]
+    x, y = th.ones(8, 2), th.arange(8.0)
+    expected = x.sum(1) + y
+    for n in (4, 3, 6, 5, 1, 8):
+        assert th.equal(forward(x[:n], y[:n]), expected[:n])
+    # 3 runs as 4, 5 as 6 and 1 as 4: only calls larger than all before compile.
+    assert [shape[0][0] for shape in calls] == [4, 4, 6, 6, 4, 8]
+    assert forward.sizes == [4, 6, 8]
 
 
 def test_cudnn_benchmark_scoped(frames_dataset):

@@ -14,9 +14,9 @@ float round-off:
   trains (restored afterwards): cuDNN times its algorithms once per input shape,
   which pays where chunk shapes repeat (fixed ``forward_size``, or ``compile``).
 - ``compile``: the reward net's ``forward`` runs through ``torch.compile`` with
-  static shapes; a call smaller than the largest so far (the last, ragged call
-  of a batch) is padded with rows whose outputs are dropped, so it neither
-  recompiles nor weighs in the loss. Nets with ``RunningNorm``/``EMANorm``
+  static shapes; a call runs as the smallest row count already compiled that
+  holds it (the last, ragged call of a batch as a full one), padded with rows
+  whose outputs are dropped, so it neither recompiles nor weighs in the loss. Nets with ``RunningNorm``/``EMANorm``
   layers are refused (padding rows would enter their statistics).
 
 Example:

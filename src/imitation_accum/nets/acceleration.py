@@ -5,6 +5,7 @@ training and leaves it as it was, so the net saves and pickles as before (imitat
 saves whole reward nets). Neither changes the state dict's values.
 """
 
+import bisect
 import contextlib
 from typing import Any, Callable, Iterator, List
 
@@ -105,11 +106,14 @@ def _padded(tensor: Any, rows: int) -> Any:
 
 
 class StaticShapeForward:
-    """Calls a compiled function with a fixed number of rows.
+    """Calls a compiled function with row counts it has already seen.
 
-    The largest call so far sets the shape; a smaller call (the last, ragged call
-    of a batch) is padded with zero rows whose outputs are cut off before they are
-    returned, so they get no weight in any loss and no gradient flows from them.
+    A call of ``n`` rows runs as the smallest row count seen so far that is at
+    least ``n``, padded with zero rows whose outputs are cut off before they are
+    returned (so they get no weight in any loss and no gradient flows from them);
+    only a call larger than every earlier one brings a new shape. Calls of a step
+    come in a few sizes (``forward_size``, then the last, ragged call): the ragged
+    call never compiles a shape of its own.
 
     Args:
         function: The compiled ``forward``; every argument holds one row per
@@ -118,16 +122,19 @@ class StaticShapeForward:
 
     def __init__(self, function: Callable[..., th.Tensor]) -> None:
         self.function = function
-        self.rows = 0
-        """The static number of rows: the largest call so far."""
+        self.sizes: List[int] = []
+        """The row counts called so far, in increasing order."""
 
     def __call__(self, *args: Any) -> th.Tensor:
-        """The function's outputs for the rows of ``args`` (padded if fewer)."""
+        """The function's outputs for the rows of ``args`` (padded if need be)."""
         n = len(args[0])
-        self.rows = max(self.rows, n)
-        if n == self.rows:
+        rows = next((size for size in self.sizes if size >= n), None)
+        if rows is None:
+            bisect.insort(self.sizes, n)
+            rows = n
+        if rows == n:
             return self.function(*args)
-        return self.function(*(_padded(arg, self.rows) for arg in args))[:n]
+        return self.function(*(_padded(arg, rows) for arg in args))[:n]
 
 
 @contextlib.contextmanager
