@@ -16,6 +16,7 @@ import pytest
 import torch as th
 from imitation.algorithms import preference_comparisons as pc
 from imitation.rewards.reward_nets import BasicRewardNet, CnnRewardNet
+from imitation.util import logger as imit_logger
 from imitation.util import networks
 
 from imitation_accum import Acceleration, CrossEntropyRewardTrainer
@@ -34,6 +35,7 @@ def make_cnn() -> CnnRewardNet:
 
 def make_trainer(net, **kwargs) -> CrossEntropyRewardTrainer:
     kwargs.setdefault("progress_bar", False)
+    kwargs.setdefault("custom_logger", imit_logger.configure(format_strs=[]))
     return CrossEntropyRewardTrainer(
         pc.PreferenceModel(net),
         pc.CrossEntropyRewardLoss(),
