@@ -16,8 +16,9 @@ float round-off:
 - ``compile``: the reward net's ``forward`` runs through ``torch.compile`` with
   static shapes; a call runs as the smallest row count already compiled that
   holds it (the last, ragged call of a batch as a full one), padded with rows
-  whose outputs are dropped, so it neither recompiles nor weighs in the loss. Nets with ``RunningNorm``/``EMANorm``
-  layers are refused (padding rows would enter their statistics).
+  whose outputs are dropped, so it neither recompiles nor weighs in the loss.
+  Nets with ``RunningNorm``/``EMANorm`` layers are refused (padding rows would
+  enter their statistics).
 
 Example:
     >>> from imitation_accum import Acceleration  # doctest: +SKIP
