@@ -60,6 +60,7 @@ def run(
 ) -> Dict[str, Any]:
     config = {
         "dataset_path": str(dataset),
+        "trust_pickle": True,
         "seed": 7,
         "logging": {"log_dir": str(tmp_path / name), "log_format_strs": []},
     }
@@ -260,6 +261,7 @@ def test_failing_rank_stops_the_job_and_names_itself(tmp_path, preferences_path)
         [str(pathlib.Path(__file__).with_name("failing_rank.py"))],
         [
             f"dataset_path={preferences_path}",
+            "trust_pickle=True",
             f"logging.log_dir={tmp_path / 'run'}",
             "reward_trainer_kwargs.epochs=3",
         ],
@@ -289,6 +291,7 @@ def test_torchrun_two_ranks_equal_one_process(tmp_path, preferences_path):
         ["-m", "imitation_accum.scripts.train_reward_model"],
         [
             f"dataset_path={preferences_path}",
+            "trust_pickle=True",
             f"logging.log_dir={tmp_path / 'ddp'}",
             "seed=7",
             *(f"{k}={v}" for k, v in updates.items()),
@@ -328,6 +331,7 @@ def test_trains_on_atari_preferences_saved_by_this_package(tmp_path):
         named_configs=["atari_pong", "fast"],
         config_updates={
             "dataset_path": str(dataset_path),
+            "trust_pickle": True,
             "logging": {"log_dir": str(tmp_path / "offline"), "log_format_strs": []},
         },
     )
