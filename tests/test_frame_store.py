@@ -118,6 +118,8 @@ def test_items_read_back_bit_for_bit(rng):
     np.testing.assert_array_equal(some, reference.preferences[2:5])
     np.testing.assert_array_equal(dataset.fragments2[-1].obs, pairs[-1][1].obs)
     assert len(list(dataset.fragments1)) == 7
+    both = dataset.fragments1 + dataset.fragments2
+    np.testing.assert_array_equal(both[7].obs, pairs[0][1].obs)
 
 
 def test_frame_stacks_kept_once(rng):

@@ -117,3 +117,16 @@ def test_a_store_of_other_observations_is_named(tmp_path, rng):
     dataset.save(tmp_path / "frames")
     with pytest.raises(ValueError, match=r"frames\.npy.*observation space"):
         run(tmp_path, tmp_path / "frames", "mismatch")
+
+
+def test_patch_gives_imitation_the_frame_store(rng):
+    """Under ``patch()`` imitation's ``PreferenceComparisons`` keeps a frame store."""
+    import imitation_accum
+
+    assert pc.PreferenceDataset is not PreferenceDataset
+    with imitation_accum.patched():
+        assert pc.PreferenceDataset is PreferenceDataset
+        dataset = pc.PreferenceDataset(max_size=3)
+        dataset.push(make_pairs(rng, 4), preferences_of(rng, 4))
+        assert len(dataset) == 3
+    assert pc.PreferenceDataset is not PreferenceDataset

@@ -16,7 +16,7 @@ from imitation.data import rollout
 from imitation.rewards import reward_nets, serialize
 from imitation.util import util
 
-from imitation_accum import checkpoint, distributed
+from imitation_accum import PreferenceDataset, checkpoint, distributed
 from imitation_accum.distributed import process_group
 from imitation_accum.scripts import train_reward_model as script
 from imitation_accum.scripts.train_preference_comparisons import (
@@ -325,13 +325,12 @@ def test_trains_on_atari_preferences_saved_by_this_package(tmp_path):
         },
     )
     dataset_path = helpers.log_dir(gathered) / "preferences.pkl"
-    dataset = pc.PreferenceDataset.load(dataset_path)
+    dataset = PreferenceDataset.load(dataset_path)  # a frame store, under patch()
     assert dataset.fragments1[0].obs.dtype == np.uint8
     result = ex.run(
         named_configs=["atari_pong", "fast"],
         config_updates={
             "dataset_path": str(dataset_path),
-            "trust_pickle": True,
             "logging": {"log_dir": str(tmp_path / "offline"), "log_format_strs": []},
         },
     )

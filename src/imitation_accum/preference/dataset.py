@@ -24,6 +24,7 @@ Example:
 """
 
 import pathlib
+import pickle
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -38,12 +39,15 @@ from imitation_accum.preference.row_store import RowStore
 AnyPath = types.AnyPath
 Fragment = types.Trajectory
 
+#: imitation's own class (``pc.PreferenceDataset`` is this package's under ``patch()``).
+ImitationPreferenceDataset = pc.PreferenceDataset
+
 # Columns of the per-fragment index.
 _OBS, _TRANS, _LENGTH, _TERMINAL, _FRAME, _HAS_REWS = range(6)
 _ARRAYS = ("frames", "obs_frames", "acts", "rews", "fragments", "preferences")
 
 
-class PreferenceDataset(pc.PreferenceDataset):
+class PreferenceDataset(ImitationPreferenceDataset):
     """Fragment pairs and preferences, every distinct frame stored once.
 
     Args:
@@ -436,6 +440,30 @@ class PreferenceDataset(pc.PreferenceDataset):
             )
 
 
+class _ImitationUnpickler(pickle.Unpickler):
+    # Resolves imitation's dataset class to imitation's, also under patch().
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == (pc.__name__, "PreferenceDataset"):
+            return ImitationPreferenceDataset
+        return super().find_class(module, name)
+
+
+def load_imitation_pickle(path: AnyPath) -> Any:
+    """Unpickles what imitation's ``PreferenceDataset.save`` wrote to ``path``.
+
+    Loading a pickle runs any code it holds: only for files you trust. Under
+    ``patch()`` too, the dataset comes back as imitation's class.
+
+    Args:
+        path: The pickle file.
+
+    Returns:
+        The unpickled object (check its type).
+    """
+    with open(util.parse_path(path), "rb") as file:
+        return _ImitationUnpickler(file).load()
+
+
 def _check_alike(frag: Fragment, reference: Fragment, name: str) -> None:
     obs, ref = np.asarray(frag.obs), np.asarray(reference.obs)
     if (obs.shape[1:], obs.dtype) != (ref.shape[1:], ref.dtype):
@@ -478,6 +506,13 @@ class _Fragments(Sequence[Fragment]):
 
     def __iter__(self) -> Iterator[Fragment]:
         return (self[i] for i in range(len(self)))
+
+    def __add__(self, other: Sequence[Fragment]) -> List[Fragment]:
+        # imitation's fragments are lists; code that concatenates them keeps working.
+        return [*self, *other]
+
+    def __radd__(self, other: Sequence[Fragment]) -> List[Fragment]:
+        return [*other, *self]
 
 
 __all__: List[str] = ["PreferenceDataset"]

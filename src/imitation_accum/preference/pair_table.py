@@ -17,12 +17,14 @@ import dataclasses
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
-from imitation.algorithms import preference_comparisons as pc
 from imitation.data import types
 from torch.utils import data as data_th
 
 from imitation_accum.preference import fragments
-from imitation_accum.preference.dataset import PreferenceDataset
+from imitation_accum.preference.dataset import (
+    ImitationPreferenceDataset,
+    PreferenceDataset,
+)
 
 Pair = Tuple[types.Trajectory, types.Trajectory]
 
@@ -215,7 +217,7 @@ def read_preferences(dataset: data_th.Dataset) -> PreferenceTable:
     n = len(dataset)  # type: ignore[arg-type]
     if n == 0:
         raise ValueError("dataset is empty: gather some preferences before training")
-    if isinstance(dataset, pc.PreferenceDataset):
+    if isinstance(dataset, ImitationPreferenceDataset):
         pairs: List[Pair] = list(zip(dataset.fragments1, dataset.fragments2))
         prefs = np.asarray(dataset.preferences, dtype=np.float32)
     else:

@@ -18,9 +18,12 @@ import sys
 from typing import Optional, Sequence
 
 import numpy as np
-from imitation.algorithms import preference_comparisons as pc
 
-from imitation_accum.preference.dataset import PreferenceDataset
+from imitation_accum.preference.dataset import (
+    ImitationPreferenceDataset,
+    PreferenceDataset,
+    load_imitation_pickle,
+)
 
 #: Pairs pushed at a time (bounds the encoder's temporary arrays).
 _PUSH_PAIRS = 256
@@ -42,13 +45,13 @@ def convert(source: pathlib.Path, target: pathlib.Path) -> PreferenceDataset:
     if not source.is_file():
         raise ValueError(f"{source}: no such file")
     try:
-        original = pc.PreferenceDataset.load(source)
+        original = load_imitation_pickle(source)
     except Exception as error:
         raise ValueError(
             f"{source} is not a readable PreferenceDataset pickle "
             f"({type(error).__name__}: {error})",
         ) from error
-    if not isinstance(original, pc.PreferenceDataset):
+    if not isinstance(original, ImitationPreferenceDataset):
         raise ValueError(
             f"{source} holds a {type(original).__name__}, not a PreferenceDataset",
         )

@@ -54,7 +54,11 @@ from sacred.observers import FileStorageObserver
 from torch.utils import data as data_th
 
 from imitation_accum import _validation, checkpoint, distributed
-from imitation_accum.preference.dataset import PreferenceDataset
+from imitation_accum.preference.dataset import (
+    ImitationPreferenceDataset,
+    PreferenceDataset,
+    load_imitation_pickle,
+)
 from imitation_accum.scripts import atari_configs, experiment, ingredients
 
 # Configured and run under imitation_accum.patched(), as this package's other
@@ -239,13 +243,13 @@ def load_preference_dataset(
             f"{path} OUT and train on OUT",
         )
     try:
-        dataset = pc.PreferenceDataset.load(source)
+        dataset = load_imitation_pickle(source)
     except Exception as error:
         raise ValueError(
             f"dataset_path={path!r} is not a readable PreferenceDataset pickle "
             f"({type(error).__name__}: {error})",
         ) from error
-    if not isinstance(dataset, pc.PreferenceDataset):
+    if not isinstance(dataset, ImitationPreferenceDataset):
         raise ValueError(
             f"dataset_path={path!r} holds a {type(dataset).__name__}, not an "
             "imitation PreferenceDataset",
@@ -299,7 +303,7 @@ def subset(
     """
     if isinstance(dataset, PreferenceDataset):
         return data_th.Subset(dataset, indices.tolist())  # type: ignore[return-value]
-    part = pc.PreferenceDataset()
+    part = ImitationPreferenceDataset()
     part.fragments1 = [dataset.fragments1[i] for i in indices]
     part.fragments2 = [dataset.fragments2[i] for i in indices]
     part.preferences = np.asarray(dataset.preferences, dtype=np.float32)[indices]
