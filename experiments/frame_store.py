@@ -371,8 +371,8 @@ def main() -> None:
             imitation_pairs=500,
             mapped_pairs=3000,
             train_pairs=8,
-            epoch_pairs=4,
-            repeats=3,
+            epoch_pairs=8,
+            repeats=5,
             budget="256MiB",
         )
     s = settings
