@@ -166,7 +166,7 @@ def worker_fill(kind: str, n_pairs: int, length: int, steps: int) -> Dict[str, A
     return {"points": points, "array_bytes": array_bytes, "pairs": len(dataset)}
 
 
-def make_trainer(seed: int, memory_budget=None, minibatch_size=None):
+def make_trainer(seed: int, memory_budget=None, minibatch_size=None, cls=None):
     from gymnasium import spaces
     from imitation.algorithms import preference_comparisons as pc
     from imitation.rewards import reward_nets
@@ -178,7 +178,7 @@ def make_trainer(seed: int, memory_budget=None, minibatch_size=None):
         spaces.Box(0, 255, (84, 84, 4), np.uint8),
         spaces.Discrete(6),
     )
-    trainer = CrossEntropyRewardTrainer(
+    trainer = (cls or CrossEntropyRewardTrainer)(
         pc.PreferenceModel(net),
         pc.CrossEntropyRewardLoss(),
         np.random.default_rng(seed),
@@ -219,6 +219,29 @@ def worker_train_mapped(store: str, n_train: int, budget: str) -> Dict[str, Any]
     }
 
 
+def worker_train_mapped_ddp(
+    store: str, n_train: int, budget: str, out: str
+) -> Dict[str, Any]:
+    """:func:`worker_train_mapped` on every rank of a ``torchrun`` job (gloo)."""
+    import gc
+
+    from torch.utils import data as data_th
+
+    from imitation_accum import DistributedRewardTrainer, PreferenceDataset, distributed
+
+    with distributed.distributed_session("cpu") as context:
+        dataset = PreferenceDataset.load(store)
+        chosen = np.random.default_rng(0).choice(len(dataset), n_train, replace=False)
+        _, trainer = make_trainer(0, memory_budget=budget, cls=DistributedRewardTrainer)
+        gc.collect()
+        before = rss_anon()
+        with PeakSampler() as sampler:
+            trainer.train(data_th.Subset(dataset, sorted(chosen.tolist())))
+        result = {"before": before, "peak": sampler.peak, "rank": context.rank}
+        pathlib.Path(out, f"rank{context.rank}.json").write_text(json.dumps(result))
+    return result
+
+
 def worker_epoch_times(n_pairs: int, length: int, steps: int, repeats: int):
     """Seconds per epoch from the store (memory-mapped) and from memory."""
     from imitation.algorithms import preference_comparisons as pc
@@ -256,8 +279,36 @@ def worker_epoch_times(n_pairs: int, length: int, steps: int, repeats: int):
 WORKERS = {
     "fill": worker_fill,
     "train_mapped": worker_train_mapped,
+    "train_mapped_ddp": worker_train_mapped_ddp,
     "epoch_times": worker_epoch_times,
 }
+
+
+def in_torchrun(n_procs: int, name: str, *args: Any) -> List[Dict[str, Any]]:
+    """Runs worker ``name`` on ``n_procs`` ranks of a ``torchrun`` job; results."""
+    with tempfile.TemporaryDirectory() as out:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={n_procs}",
+                __file__,
+                "--worker",
+                name,
+                json.dumps([*args, out]),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"torchrun {name}{args} failed:\n{done.stderr[-4000:]}")
+        return [
+            json.loads(pathlib.Path(out, f"rank{r}.json").read_text())
+            for r in range(n_procs)
+        ]
 
 
 def in_subprocess(name: str, *args: Any) -> Dict[str, Any]:
@@ -305,6 +356,8 @@ def write_table(results: Dict[str, Any], settings: Dict[str, Any], out_dir) -> N
             f"{fill['points'][-1][1] / 2**30:.2f} GiB |",
         )
     growth = mapped["peak"] - mapped["before"]
+    before_ddp = sum(rank["before"] for rank in results["mapped_ddp"])
+    peak_ddp = sum(rank["peak"] for rank in results["mapped_ddp"])
     median = {k: statistics.median(v) for k, v in epochs["times"].items()}
     lines += [
         "",
@@ -320,6 +373,11 @@ def write_table(results: Dict[str, Any], settings: Dict[str, Any], out_dir) -> N
         f"| RssAnon before training | {mapped['before'] / MIB:.0f} MiB |",
         f"| RssAnon peak while training | {mapped['peak'] / MIB:.0f} MiB |",
         f"| growth / store size | {growth / mapped['store_bytes']:.1%} |",
+        f"| 2 torchrun processes (gloo): RssAnon before, both | {before_ddp / MIB:.0f}"
+        " MiB |",
+        f"| 2 torchrun processes: RssAnon peaks, both | {peak_ddp / MIB:.0f} MiB |",
+        f"| 2 torchrun processes: growth / store size | "
+        f"{(peak_ddp - before_ddp) / mapped['store_bytes']:.1%} |",
         "",
         f"| epoch over {epochs['pairs']} pairs (CnnRewardNet, CPU) | seconds "
         "(median) | runs |",
@@ -392,6 +450,9 @@ def main() -> None:
         build_store(store, s["mapped_pairs"], s["length"], s["steps"])
         results["mapped"] = in_subprocess(
             "train_mapped", str(store), s["train_pairs"], s["budget"]
+        )
+        results["mapped_ddp"] = in_torchrun(
+            2, "train_mapped_ddp", str(store), s["train_pairs"], s["budget"]
         )
     print("mapped", results["mapped"], flush=True)
     results["epochs"] = in_subprocess(
