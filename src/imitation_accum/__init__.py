@@ -18,6 +18,7 @@ from imitation_accum.preference import (
     EnsembleTrainer,
     make_reward_trainer,
 )
+from imitation_accum.preference.dataset import PreferenceDataset
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,7 @@ __all__ = [
     "DistributedRewardTrainer",
     "EnsembleTrainer",
     "GradientAccumulator",
+    "PreferenceDataset",
     "load_reward_net",
     "make_reward_trainer",
     "patch",

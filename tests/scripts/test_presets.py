@@ -73,8 +73,8 @@ def test_preset_frames_fit_16_gib_of_host_memory(name):
     assert frames["total"] < 12 * 2**30
 
 
-def test_full_dataset_would_not_fit():
+def test_full_dataset_is_kept_in_the_frame_store():
     config = atari_configs.preference_config("Pong")
-    config["comparison_queue_size"] = config["total_comparisons"]
+    assert config["comparison_queue_size"] is None  # all 5,000
     dataset = atari_configs.config_host_memory_bytes(config)["dataset"]
-    assert dataset == 5000 * 2 * 101 * 84 * 84 * 4  # 28.5 GB
+    assert dataset == 5000 * 2 * (100 + 4) * 84 * 84  # 7.3 GB, not 28.5 GB

@@ -1,13 +1,13 @@
 """Smoke tests: the preference-comparisons experiment and each of its named configs."""
 
 import json
-import pickle
 
 import numpy as np
 import pytest
 from imitation.rewards import reward_nets
 from stable_baselines3 import PPO
 
+import imitation_accum
 from imitation_accum import checkpoint
 from imitation_accum.scripts import atari_configs
 from imitation_accum.scripts.train_preference_comparisons import (
@@ -94,8 +94,11 @@ def test_atari_named_config(tmp_path, named_config, frame_shape, reward):
     height, width, channels = frame_shape
     assert policy.observation_space.shape == (channels, height, width)
 
-    with open(log_dir / "preferences.pkl", "rb") as f:
-        dataset = pickle.load(f)
+    # Saved by imitation's code, under patch(): a frame store.
+    dataset = imitation_accum.PreferenceDataset.load(log_dir / "preferences.pkl")
+    stacked = sum(f.obs.nbytes for f in [*dataset.fragments1, *dataset.fragments2])
+    if frame_shape[-1] == 4:  # frame stacks: each frame kept once
+        assert dataset.nbytes["frames"] < stacked
     for fragment in dataset.fragments1 + dataset.fragments2:
         assert fragment.obs.dtype == np.uint8
         assert fragment.obs.shape[1:] == frame_shape

@@ -16,7 +16,7 @@ from imitation.data import rollout
 from imitation.rewards import reward_nets, serialize
 from imitation.util import util
 
-from imitation_accum import checkpoint, distributed
+from imitation_accum import PreferenceDataset, checkpoint, distributed
 from imitation_accum.distributed import process_group
 from imitation_accum.scripts import train_reward_model as script
 from imitation_accum.scripts.train_preference_comparisons import (
@@ -60,6 +60,7 @@ def run(
 ) -> Dict[str, Any]:
     config = {
         "dataset_path": str(dataset),
+        "trust_pickle": True,
         "seed": 7,
         "logging": {"log_dir": str(tmp_path / name), "log_format_strs": []},
     }
@@ -260,6 +261,7 @@ def test_failing_rank_stops_the_job_and_names_itself(tmp_path, preferences_path)
         [str(pathlib.Path(__file__).with_name("failing_rank.py"))],
         [
             f"dataset_path={preferences_path}",
+            "trust_pickle=True",
             f"logging.log_dir={tmp_path / 'run'}",
             "reward_trainer_kwargs.epochs=3",
         ],
@@ -289,6 +291,7 @@ def test_torchrun_two_ranks_equal_one_process(tmp_path, preferences_path):
         ["-m", "imitation_accum.scripts.train_reward_model"],
         [
             f"dataset_path={preferences_path}",
+            "trust_pickle=True",
             f"logging.log_dir={tmp_path / 'ddp'}",
             "seed=7",
             *(f"{k}={v}" for k, v in updates.items()),
@@ -322,7 +325,7 @@ def test_trains_on_atari_preferences_saved_by_this_package(tmp_path):
         },
     )
     dataset_path = helpers.log_dir(gathered) / "preferences.pkl"
-    dataset = pc.PreferenceDataset.load(dataset_path)
+    dataset = PreferenceDataset.load(dataset_path)  # a frame store, under patch()
     assert dataset.fragments1[0].obs.dtype == np.uint8
     result = ex.run(
         named_configs=["atari_pong", "fast"],

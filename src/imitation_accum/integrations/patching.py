@@ -6,7 +6,10 @@ with this package's exact accumulation. While patched, in imitation's modules:
 - ``algorithms.preference_comparisons._make_reward_trainer`` is
   :func:`imitation_accum.make_reward_trainer`, ``BasicRewardTrainer`` is
   :class:`imitation_accum.CrossEntropyRewardTrainer` and ``EnsembleTrainer`` is
-  :class:`imitation_accum.EnsembleTrainer`;
+  :class:`imitation_accum.EnsembleTrainer`, and ``PreferenceDataset`` (what
+  ``PreferenceComparisons`` keeps its comparisons in) is
+  :class:`imitation_accum.PreferenceDataset`, the frame store (imitation's
+  experiment then saves ``preferences.pkl`` as a frame-store directory);
 - ``algorithms.adversarial.airl.AIRL`` and ``algorithms.adversarial.gail.GAIL`` are
   :class:`imitation_accum.AIRL` and :class:`imitation_accum.GAIL`;
 - ``scripts.ingredients.reward._make_reward_net`` (with a config hook of the reward
@@ -64,6 +67,7 @@ def _replacements() -> Dict[_Target, Any]:
         (pc.__name__, "_make_reward_trainer"): imitation_accum.make_reward_trainer,
         (pc.__name__, "BasicRewardTrainer"): imitation_accum.CrossEntropyRewardTrainer,
         (pc.__name__, "EnsembleTrainer"): imitation_accum.EnsembleTrainer,
+        (pc.__name__, "PreferenceDataset"): imitation_accum.PreferenceDataset,
         (airl.__name__, "AIRL"): imitation_accum.AIRL,
         (gail.__name__, "GAIL"): imitation_accum.GAIL,
         (reward_ingredient.__name__, "_make_reward_net"): (

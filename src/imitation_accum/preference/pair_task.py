@@ -24,7 +24,6 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch as th
 from imitation.algorithms import preference_comparisons
-from imitation.data import types
 from imitation.rewards import reward_nets
 from imitation.util import util
 from torch.nn import functional as F  # noqa: N812
@@ -382,14 +381,11 @@ class PreferenceTask:
             One loss per pair, as ``F.binary_cross_entropy`` computes it, or
             ``None`` if some fragment has no rewards.
         """
-        frags = table.fragments(range(len(table)))
-        if not all(isinstance(f, types.TrajectoryWithRew) for f in frags):
+        all_rews = table.rewards()
+        if all_rews is None:
             return None
         layout = table.layout(np.arange(len(table)))
-        rews = th.as_tensor(
-            np.concatenate([f.rews for f in frags]),  # type: ignore[attr-defined]
-            dtype=th.float32,
-        )
+        rews = th.as_tensor(all_rews, dtype=th.float32)
         if self.discount_factor != 1:
             rews = rews * th.as_tensor(layout.discount_weights(self.discount_factor))
         returns = layout.segment_sums(rews)

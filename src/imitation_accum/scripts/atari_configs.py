@@ -9,12 +9,17 @@ of 32 channels at full resolution, then a global average pool), which reads the
 frames in the height-width-channel layout the environment gives; SB3 transposes
 them (``VecTransposeImage``) for the policy only.
 
-Host memory: observations stay uint8. A preference dataset holds
-``2 x (fragment_length + 1)`` frames per pair (84 x 84 x 4 = 28,224 bytes each,
-5.7 MB per pair at ``fragment_length=100``); ``comparison_queue_size`` bounds it.
-imitation's agent trainer also keeps every transition of an iteration's agent
-training until preferences are gathered (``total_timesteps / num_iterations``
-frames). See :func:`host_memory_bytes`.
+Host memory: observations stay uint8. The experiments keep preferences in the
+frame store (:class:`imitation_accum.PreferenceDataset`), which holds each
+distinct 84 x 84 frame once: ``2 x (fragment_length + 4)`` frames of 7,056 bytes
+per pair, 1.47 MB at ``fragment_length=100`` (imitation's own dataset holds
+``2 x (fragment_length + 1)`` stacks of 28,224 bytes, 5.7 MB), so all 5,000
+comparisons are kept (``docs/results/frame_store.md``: 6.8 GiB of resident memory
+measured for 5,000 such pairs of Pong frames). Raw 210x160x3 frames are not
+stacked: ``comparison_queue_size`` still bounds them. imitation's agent trainer
+also keeps every transition of an iteration's agent training until preferences
+are gathered (``total_timesteps / num_iterations`` observations). See
+:func:`host_memory_bytes`.
 """
 
 from typing import Any, Callable, Dict
@@ -43,7 +48,7 @@ PREFERENCE_DEFAULTS: Dict[str, Any] = dict(
     total_timesteps=10_000_000,  # 40M frames, the usual Atari budget
     num_iterations=100,  # 100k agent steps (2.8 GB of frames) buffered per iteration
     total_comparisons=5000,
-    comparison_queue_size=1500,  # 8.6 GB of frames at fragment_length=100
+    comparison_queue_size=None,  # all 5,000: 7.3 GB in the frame store
     fragment_length=100,
     reward_trainer_kwargs=dict(
         epochs=3,
@@ -231,6 +236,7 @@ def config_host_memory_bytes(config: Dict[str, Any]) -> Dict[str, int]:
         pairs = min(pairs, config["comparison_queue_size"])
     return host_memory_bytes(
         frame_bytes=RAW_FRAME_BYTES if raw else FRAME_BYTES,
+        stack=1 if raw else FRAME_BYTES // (84 * 84),
         comparison_queue_size=pairs,
         fragment_length=config["fragment_length"],
         total_timesteps=config["total_timesteps"],
@@ -241,6 +247,7 @@ def config_host_memory_bytes(config: Dict[str, Any]) -> Dict[str, int]:
 def host_memory_bytes(
     *,
     frame_bytes: int,
+    stack: int = 1,
     comparison_queue_size: int,
     fragment_length: int,
     total_timesteps: int,
@@ -248,8 +255,12 @@ def host_memory_bytes(
 ) -> Dict[str, int]:
     """Host memory a preference-comparison run keeps for frames, in bytes.
 
+    The dataset is the frame store: a fragment of ``fragment_length`` transitions
+    of ``stack``-frame stacks keeps ``fragment_length + stack`` single frames.
+
     Args:
         frame_bytes: Bytes of one observation.
+        stack: Frames stacked in one observation (1: not stacked).
         comparison_queue_size: Pairs kept in the dataset.
         fragment_length: Transitions per fragment (each has one more frame).
         total_timesteps: Agent steps in the run.
@@ -259,7 +270,8 @@ def host_memory_bytes(
         ``dataset`` (the full queue), ``agent_buffer`` (one iteration's agent
         transitions) and their ``total``.
     """
-    dataset = comparison_queue_size * 2 * (fragment_length + 1) * frame_bytes
+    single_frame = frame_bytes // stack
+    dataset = comparison_queue_size * 2 * (fragment_length + stack) * single_frame
     agent_buffer = total_timesteps // num_iterations * frame_bytes
     total = dataset + agent_buffer
     return dict(dataset=dataset, agent_buffer=agent_buffer, total=total)

@@ -22,7 +22,11 @@ imitation saves it, ``{log_dir}/checkpoints/final/reward_net.pt``, ready for
 ``import imitation_accum``) or :func:`imitation_accum.checkpoint.load_reward_net`.
 Under ``torchrun`` only rank 0 logs and writes files.
 
-The dataset is a pickle: load only files you trust.
+The dataset is a frame store (a directory written by
+:meth:`imitation_accum.PreferenceDataset.save`, memory-mapped: processes on one
+machine share one copy) or imitation's pickle; a pickle runs any code it holds when
+loaded, so it is read only with ``trust_pickle=True``. ``python -m
+imitation_accum.scripts.convert_preferences IN.pkl OUT`` converts one to a store.
 """
 
 import contextlib
@@ -47,9 +51,15 @@ from imitation.scripts.ingredients import environment, reward
 from imitation.scripts.ingredients import logging as logging_ingredient
 from imitation.util import logger as imit_logger
 from sacred.observers import FileStorageObserver
+from torch.utils import data as data_th
 
 from imitation_accum import _validation, checkpoint, distributed
 from imitation_accum.engine import acceleration
+from imitation_accum.preference.dataset import (
+    ImitationPreferenceDataset,
+    PreferenceDataset,
+    load_imitation_pickle,
+)
 from imitation_accum.scripts import atari_configs, experiment, gpu_configs, ingredients
 
 # Configured and run under imitation_accum.patched(), as this package's other
@@ -77,7 +87,8 @@ _SET_BY_EXPERIMENT = (
 @train_reward_model_ex.config
 def train_defaults():
     """Defaults: imitation's reward trainer defaults, a tenth held out."""
-    dataset_path = None  # a PreferenceDataset saved with PreferenceDataset.save
+    dataset_path = None  # a frame store, or a pickle saved by imitation's dataset
+    trust_pickle = False  # load a pickle at dataset_path (runs any code it holds)
     held_out_fraction = 0.1  # share of the pairs held out, evaluated every epoch
     held_out_seed = 0  # seed of the held-out split (independent of the run's seed)
     preference_model_kwargs = {}  # noise_prob, discount_factor, threshold
@@ -146,7 +157,7 @@ def _check_config(
             "PreferenceDataset.save (train_preference_comparisons with "
             "save_preferences=True writes preferences.pkl)",
         )
-    if not pathlib.Path(path).is_file():
+    if not pathlib.Path(path).exists():
         raise ValueError(f"dataset_path={path!r}: no such file")
     fraction = config["held_out_fraction"]
     if not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
@@ -201,30 +212,47 @@ def _optimizer_class(value: Any) -> type:
     )
 
 
-def load_preference_dataset(path: str) -> pc.PreferenceDataset:
-    """Loads a dataset saved with imitation's ``PreferenceDataset.save``.
+def load_preference_dataset(
+    path: str,
+    trust_pickle: bool = False,
+) -> pc.PreferenceDataset:
+    """Opens a frame store, or loads a pickle saved by imitation's dataset.
 
     Args:
-        path: The pickle file.
+        path: A frame-store directory (:meth:`imitation_accum.PreferenceDataset.save`)
+            or a pickle file (imitation's ``PreferenceDataset.save``).
+        trust_pickle: Whether a pickle may be loaded (loading runs any code it
+            holds).
 
     Returns:
-        The dataset.
+        The dataset: a memory-mapped :class:`imitation_accum.PreferenceDataset`
+        for a store, imitation's for a pickle.
 
     Raises:
-        ValueError: naming ``path`` if it is missing, unreadable, or not a
-            ``PreferenceDataset``.
+        ValueError: naming ``path`` if it is missing, unreadable, a corrupt store
+            (naming the file), not a ``PreferenceDataset``, or a pickle without
+            ``trust_pickle``.
     """
     source = pathlib.Path(path)
+    if source.is_dir():
+        return PreferenceDataset.load(source)
     if not source.is_file():
         raise ValueError(f"dataset_path={path!r}: no such file")
+    if not trust_pickle:
+        raise ValueError(
+            f"dataset_path={path!r} is a pickle, and loading a pickle runs any code "
+            "it holds: set trust_pickle=True if you trust the file, or convert it "
+            "once with python -m imitation_accum.scripts.convert_preferences "
+            f"{path} OUT and train on OUT",
+        )
     try:
-        dataset = pc.PreferenceDataset.load(source)
+        dataset = load_imitation_pickle(source)
     except Exception as error:
         raise ValueError(
             f"dataset_path={path!r} is not a readable PreferenceDataset pickle "
             f"({type(error).__name__}: {error})",
         ) from error
-    if not isinstance(dataset, pc.PreferenceDataset):
+    if not isinstance(dataset, ImitationPreferenceDataset):
         raise ValueError(
             f"dataset_path={path!r} holds a {type(dataset).__name__}, not an "
             "imitation PreferenceDataset",
@@ -266,6 +294,9 @@ def subset(
 ) -> pc.PreferenceDataset:
     """The pairs ``indices`` of ``dataset``, as a dataset of their own (no copies).
 
+    A frame store gives a ``Subset`` of itself, which the trainers read from the
+    store directly.
+
     Args:
         dataset: The whole dataset.
         indices: Which pairs, in order.
@@ -273,7 +304,9 @@ def subset(
     Returns:
         A ``PreferenceDataset`` holding the same fragment objects.
     """
-    part = pc.PreferenceDataset()
+    if isinstance(dataset, PreferenceDataset):
+        return data_th.Subset(dataset, indices.tolist())  # type: ignore[return-value]
+    part = ImitationPreferenceDataset()
     part.fragments1 = [dataset.fragments1[i] for i in indices]
     part.fragments2 = [dataset.fragments2[i] for i in indices]
     part.preferences = np.asarray(dataset.preferences, dtype=np.float32)[indices]
@@ -302,6 +335,8 @@ def _check_dataset_fits(
     path: str,
     gym_id: str,
 ) -> None:
+    if isinstance(dataset, PreferenceDataset):
+        dataset.check_observation_space(spaces.observation_space)
     obs = data_types.assert_not_dictobs(dataset.fragments1[0].obs)
     acts = dataset.fragments1[0].acts
     obs_space, act_space = spaces.observation_space, spaces.action_space
@@ -400,6 +435,7 @@ def _agreed_seed(context: distributed.DistributedContext, seed: int) -> int:
 @train_reward_model_ex.main
 def train_reward_model(
     dataset_path: str,
+    trust_pickle: bool,
     held_out_fraction: float,
     held_out_seed: int,
     preference_model_kwargs: Mapping[str, Any],
@@ -414,7 +450,8 @@ def train_reward_model(
     """Trains a reward net on the preferences in ``dataset_path``.
 
     Args:
-        dataset_path: A ``PreferenceDataset`` saved with ``PreferenceDataset.save``.
+        dataset_path: A frame store, or a pickle of imitation's dataset.
+        trust_pickle: Whether a pickle at ``dataset_path`` may be loaded.
         held_out_fraction: Share of the pairs held out and evaluated every epoch.
         held_out_seed: Seed of the held-out split.
         preference_model_kwargs: Arguments of imitation's ``PreferenceModel``.
@@ -433,6 +470,7 @@ def train_reward_model(
         return _train(
             context,
             dataset_path=dataset_path,
+            trust_pickle=trust_pickle,
             held_out_fraction=held_out_fraction,
             held_out_seed=held_out_seed,
             preference_model_kwargs=preference_model_kwargs,
@@ -449,6 +487,7 @@ def _train(
     context: distributed.DistributedContext,
     *,
     dataset_path: str,
+    trust_pickle: bool,
     held_out_fraction: float,
     held_out_seed: int,
     preference_model_kwargs: Mapping[str, Any],
@@ -471,7 +510,7 @@ def _train(
     seed = _agreed_seed(context, seed)
     th.manual_seed(seed)
 
-    dataset = load_preference_dataset(dataset_path)
+    dataset = load_preference_dataset(dataset_path, trust_pickle)
     spaces = _environment_spaces(environment_config)
     _check_dataset_fits(dataset, spaces, dataset_path, environment_config["gym_id"])
     train_idx, held_out_idx = split_held_out(

@@ -1,0 +1,314 @@
+"""The frame store's files: a directory of ``.npy`` arrays and a versioned manifest.
+
+A store is a directory holding one ``.npy`` file per array and ``manifest.json``,
+which names the format and its version, and records every array's file, shape,
+dtype, byte size and SHA-256 (computed while writing), plus free-form metadata.
+Nothing is pickled: ``.npy`` files are opened with ``allow_pickle=False`` and
+memory-mapped, so processes on one machine share one copy through the page cache.
+
+Writing is atomic in the sense of :mod:`imitation_accum.io.atomic`: the files are
+written and ``fsync``-ed in a temporary directory next to the target (named as
+that module names its temporaries), which is then renamed into place; a reader
+sees the old store or the new one, never a part of one.
+"""
+
+import contextlib
+import hashlib
+import json
+import os
+import pathlib
+import secrets
+import shutil
+from typing import Any, Dict, Iterable, Mapping, Tuple, Union
+
+import numpy as np
+
+from imitation_accum.io import atomic
+
+AnyPath = Union[str, os.PathLike]
+
+FORMAT = "imitation_accum.frame_store"
+VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class StoreError(ValueError):
+    """A store that cannot be read: missing, truncated, corrupt or of a new version."""
+
+
+def write_store(
+    path: AnyPath,
+    arrays: Mapping[str, Iterable[np.ndarray]],
+    shapes: Mapping[str, Tuple[Tuple[int, ...], np.dtype]],
+    metadata: Mapping[str, Any],
+) -> Dict[str, Any]:
+    """Writes a store to directory ``path``, replacing any store there.
+
+    Args:
+        path: The store's directory.
+        arrays: Per array name, its rows as consecutive blocks (written in turn,
+            so an array held in segments is never concatenated in memory).
+        shapes: Per array name, its full shape and dtype.
+        metadata: JSON-serializable metadata kept in the manifest.
+
+    Returns:
+        The manifest written.
+    """
+    target = pathlib.Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = _temporary_sibling(target)
+    temporary.mkdir()
+    try:
+        entries = {}
+        for name, blocks in arrays.items():
+            shape, dtype = shapes[name]
+            array_path = temporary / f"{name}.npy"
+            entries[name] = _write_array(array_path, blocks, shape, dtype)
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "arrays": entries,
+            "metadata": dict(metadata),
+        }
+        with open(temporary / MANIFEST, "w") as file:
+            json.dump(manifest, file, indent=1, sort_keys=True)
+            file.flush()
+            os.fsync(file.fileno())
+        _fsync(temporary)
+        _replace_directory(temporary, target)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _temporary_sibling(target: pathlib.Path, tag: str = "") -> pathlib.Path:
+    token = secrets.token_hex(6)
+    return target.parent / f".{target.name}.{tag}{token}{atomic.TEMPORARY_SUFFIX}"
+
+
+def _replace_directory(source: pathlib.Path, target: pathlib.Path) -> None:
+    # A directory cannot be renamed over a non-empty one: move the old store aside
+    # first, then remove it once the new one is in place.
+    old = None
+    if target.exists():
+        if not (target / MANIFEST).is_file() and any(target.iterdir()):
+            raise FileExistsError(
+                f"{target} exists and is not a frame store; not replacing it",
+            )
+        old = _temporary_sibling(target, "old.")
+        os.replace(target, old)
+    os.replace(source, target)
+    _fsync(target.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync(directory: pathlib.Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_array(
+    path: pathlib.Path,
+    blocks: Iterable[np.ndarray],
+    shape: Tuple[int, ...],
+    dtype: np.dtype,
+) -> Dict[str, Any]:
+    dtype = np.dtype(dtype)
+    digest = hashlib.sha256()
+    n_bytes = 0
+    with open(path, "wb") as file:
+        header: Dict[str, Any] = {
+            "descr": np.lib.format.dtype_to_descr(dtype),
+            "fortran_order": False,
+            "shape": tuple(shape),
+        }
+        np.lib.format.write_array_header_1_0(file, header)
+        for block in blocks:
+            data = np.ascontiguousarray(block, dtype=dtype).data
+            file.write(data)
+            digest.update(data)
+            n_bytes += data.nbytes
+        file.flush()
+        os.fsync(file.fileno())
+    expected = int(np.prod(shape)) * dtype.itemsize
+    if n_bytes != expected:
+        raise ValueError(f"{path.name}: wrote {n_bytes} bytes, shape needs {expected}")
+    return {
+        "file": path.name,
+        "shape": list(shape),
+        "dtype": dtype.str,
+        "bytes": n_bytes,
+        "sha256": digest.hexdigest(),
+    }
+
+
+def read_manifest(path: AnyPath) -> Dict[str, Any]:
+    """Reads and checks a store's manifest.
+
+    Args:
+        path: The store's directory.
+
+    Returns:
+        The manifest.
+
+    Raises:
+        StoreError: naming the file, if the directory or manifest is missing,
+            unreadable, of another format or of another version.
+    """
+    directory = pathlib.Path(path)
+    manifest_path = directory / MANIFEST
+    if not directory.is_dir():
+        raise StoreError(f"{directory}: no such frame-store directory")
+    if not manifest_path.is_file():
+        raise StoreError(f"{manifest_path}: missing; {directory} is not a frame store")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as error:
+        raise StoreError(f"{manifest_path}: unreadable ({error})") from error
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise StoreError(f"{manifest_path}: not a {FORMAT} manifest")
+    if manifest.get("version") != VERSION:
+        raise StoreError(
+            f"{manifest_path}: format version {manifest.get('version')!r}; this "
+            f"version of imitation_accum reads version {VERSION}",
+        )
+    if not isinstance(manifest.get("arrays"), dict):
+        raise StoreError(f"{manifest_path}: no 'arrays' table")
+    return manifest
+
+
+def open_array(
+    path: AnyPath,
+    manifest: Mapping[str, Any],
+    name: str,
+    verify: bool = False,
+) -> np.ndarray:
+    """Memory-maps array ``name`` of a store, read-only, after checking it.
+
+    Args:
+        path: The store's directory.
+        manifest: Its manifest (:func:`read_manifest`).
+        name: The array.
+        verify: Also check its SHA-256 (reads the whole file).
+
+    Returns:
+        The array (a read-only ``np.memmap``, or an empty array).
+
+    Raises:
+        StoreError: naming the file, if it is missing, truncated, corrupt or of
+            another shape or dtype than the manifest records.
+    """
+    try:
+        entry = manifest["arrays"][name]
+        file = pathlib.Path(path) / entry["file"]
+        shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise StoreError(
+            f"{pathlib.Path(path) / MANIFEST}: no valid entry for array {name!r}",
+        ) from error
+    if not file.is_file():
+        raise StoreError(f"{file}: missing")
+    try:
+        with open(file, "rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            header = read_header(handle)
+            offset = handle.tell()
+    except (OSError, ValueError) as error:
+        raise StoreError(f"{file}: not a readable .npy file ({error})") from error
+    if header[0] != shape or header[2] != dtype or header[1]:
+        raise StoreError(
+            f"{file}: holds {header[2]} {header[0]}; the manifest records "
+            f"{dtype} {shape}",
+        )
+    size = file.stat().st_size
+    if size != offset + int(entry["bytes"]):
+        raise StoreError(
+            f"{file}: {size - offset} bytes of data, the manifest records "
+            f"{entry['bytes']} (truncated or corrupt)",
+        )
+    if verify and _file_digest(file, offset) != entry["sha256"]:
+        raise StoreError(f"{file}: SHA-256 differs from the manifest's (corrupt)")
+    if int(np.prod(shape)) == 0:
+        return np.empty(shape, dtype)
+    return np.load(file, mmap_mode="r", allow_pickle=False)
+
+
+def _file_digest(file: pathlib.Path, offset: int) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as handle:
+        handle.seek(offset)
+        for block in iter(lambda: handle.read(2**24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+#: Metadata that says how a store is used, not what it holds (not fingerprinted).
+USAGE_METADATA = ("max_size",)
+
+
+def fingerprint_of(manifest: Mapping[str, Any]) -> str:
+    """A digest of a store's content: its arrays' recorded digests and metadata.
+
+    Metadata in :data:`USAGE_METADATA` is left out.
+    """
+    metadata = {
+        key: value
+        for key, value in manifest.get("metadata", {}).items()
+        if key not in USAGE_METADATA
+    }
+    content = {
+        "arrays": {
+            name: [entry["shape"], entry["dtype"], entry["sha256"]]
+            for name, entry in sorted(manifest["arrays"].items())
+        },
+        "metadata": metadata,
+    }
+    encoded = json.dumps(content, sort_keys=True).encode()
+    return hashlib.sha256(encoded).hexdigest()
+
+
+def describe(
+    arrays: Mapping[str, Iterable[np.ndarray]],
+    shapes: Mapping[str, Tuple[Tuple[int, ...], np.dtype]],
+    metadata: Mapping[str, Any],
+) -> Dict[str, Any]:
+    """The manifest :func:`write_store` would write for these arrays, writing nothing.
+
+    Args:
+        arrays: As for :func:`write_store`.
+        shapes: As for :func:`write_store`.
+        metadata: As for :func:`write_store`.
+
+    Returns:
+        The manifest (its digests hash the same bytes the files would hold).
+    """
+    entries = {}
+    for name, blocks in arrays.items():
+        shape, dtype = shapes[name]
+        digest = hashlib.sha256()
+        for block in blocks:
+            digest.update(np.ascontiguousarray(block, dtype=dtype).data)
+        entries[name] = {
+            "file": f"{name}.npy",
+            "shape": list(shape),
+            "dtype": np.dtype(dtype).str,
+            "bytes": int(np.prod(shape)) * np.dtype(dtype).itemsize,
+            "sha256": digest.hexdigest(),
+        }
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "arrays": entries,
+        "metadata": dict(metadata),
+    }

@@ -1,0 +1,93 @@
+"""Converts a pickled imitation ``PreferenceDataset`` into a frame store.
+
+::
+
+    python -m imitation_accum.scripts.convert_preferences IN.pkl OUT
+
+``IN.pkl`` is what imitation's ``PreferenceDataset.save`` writes (for example the
+``preferences.pkl`` of ``train_preference_comparisons with save_preferences=True``);
+``OUT`` becomes a frame-store directory (:meth:`imitation_accum.PreferenceDataset.save`)
+holding the same pairs, every frame once, which ``train_reward_model`` memory-maps
+without unpickling anything. Loading ``IN.pkl`` runs any code it holds, as loading
+it anywhere would: convert only files you trust, once.
+"""
+
+import argparse
+import pathlib
+import sys
+from typing import Optional, Sequence
+
+import numpy as np
+
+from imitation_accum.preference.dataset import (
+    ImitationPreferenceDataset,
+    PreferenceDataset,
+    load_imitation_pickle,
+)
+
+#: Pairs pushed at a time (bounds the encoder's temporary arrays).
+_PUSH_PAIRS = 256
+
+
+def convert(source: pathlib.Path, target: pathlib.Path) -> PreferenceDataset:
+    """Loads imitation's pickle ``source`` and saves its pairs as store ``target``.
+
+    Args:
+        source: The pickle.
+        target: The store's directory (replaced if it holds a store).
+
+    Returns:
+        The new dataset, as saved (``max_size`` kept).
+
+    Raises:
+        ValueError: naming ``source`` if it is not a pickled ``PreferenceDataset``.
+    """
+    if not source.is_file():
+        raise ValueError(f"{source}: no such file")
+    try:
+        original = load_imitation_pickle(source)
+    except Exception as error:
+        raise ValueError(
+            f"{source} is not a readable PreferenceDataset pickle "
+            f"({type(error).__name__}: {error})",
+        ) from error
+    if not isinstance(original, ImitationPreferenceDataset):
+        raise ValueError(
+            f"{source} holds a {type(original).__name__}, not a PreferenceDataset",
+        )
+    dataset = PreferenceDataset(max_size=original.max_size)
+    preferences = np.asarray(original.preferences, dtype=np.float32)
+    for start in range(0, len(original), _PUSH_PAIRS):
+        stop = min(start + _PUSH_PAIRS, len(original))
+        pairs = [
+            (original.fragments1[i], original.fragments2[i]) for i in range(start, stop)
+        ]
+        dataset.push(pairs, preferences[start:stop])
+    dataset.save(target)
+    return dataset
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line; see this module's docstring."""
+    parser = argparse.ArgumentParser(
+        prog="python -m imitation_accum.scripts.convert_preferences",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("source", type=pathlib.Path, help="imitation's pickle (IN.pkl)")
+    parser.add_argument("target", type=pathlib.Path, help="the store's directory")
+    args = parser.parse_args(argv)
+    try:
+        dataset = convert(args.source, args.target)
+    except (ValueError, FileExistsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    n_bytes = sum(dataset.nbytes.values())
+    print(
+        f"{args.target}: {len(dataset)} pairs, {n_bytes / 2**20:.1f} MiB, "
+        f"fingerprint {dataset.fingerprint()}",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
