@@ -162,7 +162,10 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
             if max_grad_norm is None
             else _validation.positive_finite_float("max_grad_norm", max_grad_norm)
         )
-        self.progress_bar = progress_bar
+        self.progress_bar = arguments.check_flag("progress_bar", progress_bar)
+        arguments.check_optimizer_kwargs(
+            "optimizer_kwargs", optimizer_kwargs, optimizer_cls
+        )
 
         # imitation's BasicRewardTrainer.__init__ insists that batch_size be a
         # multiple of minibatch_size; skip it and set up the same attributes.
@@ -204,6 +207,7 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
         if self.activation_checkpointing:
             checkpointing.check_checkpointable(net)
         budget.check_holds_training_state(self.memory_budget, self.optim)
+        budget.check_fits_device(self.memory_budget, net.device)
 
     def _make_engine(self) -> GradientAccumulator:
         """The accumulation engine for this trainer's reward net (a hook)."""

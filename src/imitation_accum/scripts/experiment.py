@@ -8,13 +8,15 @@ as a :class:`PatchedExperiment`, which configures and runs under
 and checks.
 """
 
+import copy
 import logging
 import pathlib
-from typing import Any, Optional, Set
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import sacred
 from sacred.config import save_config_file
 from sacred.observers import FileStorageObserver
+from sacred.utils import convert_to_nested_dict
 
 from imitation_accum.integrations.patching import patched
 
@@ -25,20 +27,81 @@ class PatchedExperiment(sacred.Experiment):
     Every way of running it (``ex.run``, the command line, ``print_config``) goes
     through :meth:`run`, so imitation's code that it runs uses this package's
     trainers, and config hooks see the patched reward ingredient.
+
+    Keys registered with :meth:`add_alternatives` (a minibatch size and a memory
+    budget) are alternatives: a value the user gives for one of them clears the
+    others a named config set, so ``with atari_pong
+    algorithm_kwargs.minibatch_size=128`` overrides the named config's
+    ``demo_minibatch_size`` instead of clashing with it.
     """
 
-    def run(self, *args: Any, **kwargs: Any) -> sacred.run.Run:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """As ``sacred.Experiment``'s constructor."""
+        super().__init__(*args, **kwargs)
+        self.alternatives: Dict[str, List[Tuple[str, ...]]] = {}
+
+    def add_alternatives(self, section: str, *names: str) -> None:
+        """Declares the keys ``names`` of config ``section`` alternatives.
+
+        Args:
+            section: A top-level config key holding a dict (``algorithm_kwargs``).
+            names: Keys of which a run sets at most one.
+        """
+        self.alternatives.setdefault(section, []).append(tuple(names))
+
+    def run(
+        self,
+        command_name: Optional[str] = None,
+        config_updates: Optional[Mapping[str, Any]] = None,
+        named_configs: Sequence[str] = (),
+        *args: Any,
+        **kwargs: Any,
+    ) -> sacred.run.Run:
         """Runs as ``sacred.Experiment.run`` does, with imitation patched.
 
         Args:
+            command_name: As for ``sacred.Experiment.run``.
+            config_updates: As for ``sacred.Experiment.run``; a given alternative
+                clears the others (see the class's description).
+            named_configs: As for ``sacred.Experiment.run``.
             args: As for ``sacred.Experiment.run``.
             kwargs: As for ``sacred.Experiment.run``.
 
         Returns:
             The finished run.
         """
+        updates = user_alternatives_win(config_updates or {}, self.alternatives)
         with patched():
-            return super().run(*args, **kwargs)
+            return super().run(command_name, updates, named_configs, *args, **kwargs)
+
+
+def user_alternatives_win(
+    config_updates: Mapping[str, Any],
+    alternatives: Mapping[str, Sequence[Tuple[str, ...]]],
+) -> Dict[str, Any]:
+    """``config_updates`` with the alternatives of each given key set to ``None``.
+
+    sacred applies named configs under the user's updates, so fixing the other
+    alternatives to ``None`` here keeps a named config from setting them.
+
+    Args:
+        config_updates: The user's updates (nested or with dotted keys).
+        alternatives: Section to groups of alternative keys.
+
+    Returns:
+        Nested updates; a group with no value given by the user is left alone,
+        and one with two values given is left for the config hook to reject.
+    """
+    updates = copy.deepcopy(convert_to_nested_dict(dict(config_updates)))
+    for section, groups in alternatives.items():
+        given = updates.get(section)
+        if not isinstance(given, dict):
+            continue
+        for group in groups:
+            if any(given.get(name) is not None for name in group):
+                for name in group:
+                    given.setdefault(name, None)
+    return updates
 
 
 def derive(imitation_experiment: sacred.Experiment) -> PatchedExperiment:

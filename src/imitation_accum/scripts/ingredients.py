@@ -218,14 +218,7 @@ def check_keywords(
     Raises:
         ValueError: naming the first unknown key, with near matches.
     """
-    for name in kwargs:
-        if name not in accepted:
-            near = difflib.get_close_matches(name, list(accepted), n=3)
-            hint = f"; did you mean {' or '.join(near)}?" if near else ""
-            raise ValueError(
-                f"{key}.{name}: {target} has no argument {name!r}{hint} "
-                f"(it takes: {', '.join(sorted(accepted))})",
-            )
+    _validation.known_names(key, kwargs, accepted, target)
 
 
 def check_batch_sizes(

@@ -31,9 +31,18 @@ from typing import Any, Dict
 from imitation.scripts.train_adversarial import train_adversarial_ex as imitation_ex
 
 import imitation_accum
-from imitation_accum.scripts import atari_configs, experiment, ingredients
+from imitation_accum.adversarial import arguments
+from imitation_accum.scripts import (
+    atari_configs,
+    config_checks,
+    experiment,
+    ingredients,
+)
 
 train_adversarial_ex = experiment.derive(imitation_ex)
+train_adversarial_ex.add_alternatives(
+    "algorithm_kwargs", "demo_minibatch_size", "minibatch_size", "memory_budget"
+)
 
 ALGORITHMS = {"airl": imitation_accum.AIRL, "gail": imitation_accum.GAIL}
 # Passed by imitation's script itself, or stripped by it before the constructor.
@@ -51,7 +60,6 @@ def check_algorithm_kwargs(
     Raises:
         ValueError: naming the unknown or invalid ``algorithm_kwargs.<key>``.
     """
-    del logger
     algorithm = ALGORITHMS.get(command_name)
     if algorithm is None:  # print_config and other commands
         return {}
@@ -78,6 +86,12 @@ def check_algorithm_kwargs(
         "demo_batch_size",
         ["demo_minibatch_size", "minibatch_size"],
     )
+    arguments.check_algorithm_values(kwargs, "algorithm_kwargs.")
+    config_checks.warn_budget_beyond_machine(
+        logger, "algorithm_kwargs.memory_budget", kwargs.get("memory_budget")
+    )
+    config_checks.check_counts(config, ("total_timesteps",))
+    config_checks.check_reward_ingredient(config, command_name)
     return {}
 
 

@@ -29,11 +29,29 @@ from imitation.scripts.train_preference_comparisons import (
 )
 
 import imitation_accum
-from imitation_accum.scripts import atari_configs, experiment, ingredients
+from imitation_accum import _validation
+from imitation_accum.preference import arguments
+from imitation_accum.scripts import (
+    atari_configs,
+    config_checks,
+    experiment,
+    ingredients,
+)
 
 train_preference_comparisons_ex = experiment.derive(imitation_ex)
+train_preference_comparisons_ex.add_alternatives(
+    "reward_trainer_kwargs", "minibatch_size", "memory_budget"
+)
 
 _TRAINER_OWN_ARGUMENTS = ("preference_model", "loss", "rng", "custom_logger")
+#: Top-level keys that are positive whole numbers.
+_COUNTS = (
+    "total_timesteps",
+    "total_comparisons",
+    "num_iterations",
+    "fragment_length",
+    "transition_oversampling",
+)
 
 
 def check_reward_trainer_kwargs(
@@ -46,7 +64,6 @@ def check_reward_trainer_kwargs(
     Raises:
         ValueError: naming the unknown or invalid ``reward_trainer_kwargs.<key>``.
     """
-    del command_name, logger
     kwargs = config["reward_trainer_kwargs"]
     accepted = ingredients.accepted_keywords(
         imitation_accum.CrossEntropyRewardTrainer,
@@ -58,13 +75,16 @@ def check_reward_trainer_kwargs(
         accepted,
         "CrossEntropyRewardTrainer",
     )
-    ingredients.check_batch_sizes(
-        "reward_trainer_kwargs",
-        kwargs,
-        accepted,
-        "batch_size",
-        ["minibatch_size"],
+    arguments.check_trainer_values(kwargs, "reward_trainer_kwargs.")
+    config_checks.warn_budget_beyond_machine(
+        logger, "reward_trainer_kwargs.memory_budget", kwargs.get("memory_budget")
     )
+    model_kwargs = config["preference_model_kwargs"]
+    arguments.check_preference_model_values(model_kwargs, "preference_model_kwargs.")
+    config_checks.check_counts(config, _COUNTS)
+    for key in ("initial_comparison_frac", "exploration_frac"):
+        _validation.probability(key, config[key])
+    config_checks.check_reward_ingredient(config, command_name)
     return {}
 
 

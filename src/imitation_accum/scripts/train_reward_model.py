@@ -49,7 +49,13 @@ from imitation.util import logger as imit_logger
 from sacred.observers import FileStorageObserver
 
 from imitation_accum import _validation, checkpoint, distributed
-from imitation_accum.scripts import atari_configs, experiment, ingredients
+from imitation_accum.preference import arguments
+from imitation_accum.scripts import (
+    atari_configs,
+    config_checks,
+    experiment,
+    ingredients,
+)
 
 # Configured and run under imitation_accum.patched(), as this package's other
 # experiments: imitation's reward ingredient then also builds CNN reward nets.
@@ -60,6 +66,9 @@ train_reward_model_ex = experiment.PatchedExperiment(
         environment.environment_ingredient,
         reward.reward_ingredient,
     ],
+)
+train_reward_model_ex.add_alternatives(
+    "reward_trainer_kwargs", "minibatch_size", "memory_budget"
 )
 
 #: Trainer arguments this experiment sets itself.
@@ -136,7 +145,7 @@ def _check_config(
     logger: Any,
 ) -> Dict[str, Any]:
     """Config hook: every key checked before anything is loaded or built."""
-    del command_name, logger
+    del command_name
     path = config["dataset_path"]
     if path is None:
         raise ValueError(
@@ -156,22 +165,22 @@ def _check_config(
     )
     key = "reward_trainer_kwargs"
     ingredients.check_keywords(key, kwargs, accepted, "CrossEntropyRewardTrainer")
-    ingredients.check_batch_sizes(
-        key, kwargs, accepted, "batch_size", ["minibatch_size"]
+    optimizer_cls = _optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
+    arguments.check_trainer_values(kwargs, f"{key}.", optimizer_cls)
+    config_checks.warn_budget_beyond_machine(
+        logger, f"{key}.memory_budget", kwargs.get("memory_budget")
     )
-    _validation.positive_int(f"{key}.epochs", kwargs.get("epochs", 1))
-    _optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
+    _check_preference_model_kwargs(config["preference_model_kwargs"])
+    _validation.non_negative_int("held_out_seed", config["held_out_seed"])
     interval = config["checkpoint_interval"]
     if isinstance(interval, bool) or not isinstance(interval, int):
         raise ValueError(f"checkpoint_interval={interval!r} must be an int")
     resume = config["resume_from"]
     if resume is not None and not pathlib.Path(resume).is_file():
         raise ValueError(f"resume_from={resume!r}: no such file")
-    kind = config["regularizer"]["kind"]
-    if kind not in (None, "lp", "weight_decay"):
-        raise ValueError(
-            f"regularizer.kind={kind!r} must be None, 'lp' or 'weight_decay'",
-        )
+    config_checks.check_regularizer(config["regularizer"])
+    config_checks.check_reward_ingredient(config, "train_reward_model")
+    _check_device(config["device"])
     return {}
 
 
@@ -179,6 +188,26 @@ ingredients.add_hooks(
     train_reward_model_ex,
     [_check_config, ingredients.check_environment],
 )
+
+
+def _check_preference_model_kwargs(kwargs: Any) -> None:
+    if not isinstance(kwargs, Mapping):
+        raise ValueError(
+            f"preference_model_kwargs={kwargs!r} must be a dict of PreferenceModel "
+            "arguments (noise_prob, discount_factor, threshold)",
+        )
+    arguments.check_preference_model_values(kwargs, "preference_model_kwargs.")
+
+
+def _check_device(value: Any) -> None:
+    if value == "auto":
+        return
+    try:
+        th.device(value)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(
+            f"device={value!r} is not a device: give 'auto', 'cpu', 'cuda' or 'cuda:N'",
+        ) from error
 
 
 def _optimizer_class(value: Any) -> type:
