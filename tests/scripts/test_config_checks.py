@@ -221,3 +221,35 @@ def test_trainer_rejects_an_inverting_preference_model():
         CrossEntropyRewardTrainer(
             model, pc.CrossEntropyRewardLoss(), np.random.default_rng(0)
         )
+
+
+# --- the whole dataset, before the first step --------------------------------
+
+
+def test_empty_dataset_is_named(tmp_path):
+    path = tmp_path / "empty.pkl"
+    pc.PreferenceDataset().save(path)
+    with pytest.raises(ValueError, match=r"empty\.pkl' holds no preference pairs"):
+        run(tmp_path, path, "empty")
+    assert not (tmp_path / "empty").exists()
+
+
+@pytest.mark.parametrize("part", ["train", "held_out"])
+def test_a_bad_pair_is_named_by_its_file_index(tmp_path, preferences_path, part):
+    data = pc.PreferenceDataset.load(preferences_path)
+    train, held_out = script.split_held_out(len(data), 0.25, 0)
+    index = int((train if part == "train" else held_out)[-1])
+    bad = data.fragments2[index]
+    bad.obs[3, 0] = np.nan
+    path = tmp_path / "bad.pkl"
+    data.save(path)
+    with pytest.raises(ValueError) as error:
+        run(tmp_path, path, "bad")
+    assert (
+        "1 of 40 pairs do not fit what environment.gym_id='seals/CartPole-v0' gives"
+        in str(error.value)
+    )
+    assert f"\n  pair {index}: fragment 2 has a non-finite observation (step 3)" in str(
+        error.value
+    )
+    assert not (tmp_path / "bad").exists()

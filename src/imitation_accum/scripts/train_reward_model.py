@@ -40,7 +40,6 @@ import gymnasium as gym
 import numpy as np
 import torch as th
 from imitation.algorithms import preference_comparisons as pc
-from imitation.data import types as data_types
 from imitation.regularization import regularizers, updaters
 from imitation.rewards import reward_nets
 from imitation.scripts.ingredients import environment, reward
@@ -49,7 +48,7 @@ from imitation.util import logger as imit_logger
 from sacred.observers import FileStorageObserver
 
 from imitation_accum import _validation, checkpoint, distributed
-from imitation_accum.preference import arguments
+from imitation_accum.preference import arguments, dataset_checks
 from imitation_accum.scripts import (
     atari_configs,
     config_checks,
@@ -322,27 +321,22 @@ def _environment_spaces(config: Mapping[str, Any]) -> types.SimpleNamespace:
         env.close()
 
 
-def _check_dataset_fits(
+def _check_dataset(
     dataset: pc.PreferenceDataset,
     spaces: types.SimpleNamespace,
     path: str,
     gym_id: str,
 ) -> None:
-    obs = data_types.assert_not_dictobs(dataset.fragments1[0].obs)
-    acts = dataset.fragments1[0].acts
-    obs_space, act_space = spaces.observation_space, spaces.action_space
-    if tuple(obs.shape[1:]) != tuple(obs_space.shape):
-        raise ValueError(
-            f"dataset_path={path!r} holds observations of shape "
-            f"{tuple(obs.shape[1:])}, but environment.gym_id={gym_id!r} gives "
-            f"{tuple(obs_space.shape)}: set environment.gym_id (and "
-            "env_make_kwargs) to the environment the preferences came from",
-        )
-    if tuple(acts.shape[1:]) != tuple(act_space.shape or ()):
-        raise ValueError(
-            f"dataset_path={path!r} holds actions of shape {tuple(acts.shape[1:])}, "
-            f"but environment.gym_id={gym_id!r} gives {tuple(act_space.shape)}",
-        )
+    """Every pair of the file checked against the environment, before any step."""
+    dataset_checks.check_dataset(
+        dataset,
+        spaces.observation_space,
+        spaces.action_space,
+        name=f"dataset_path={path!r}",
+        environment=f"what environment.gym_id={gym_id!r} gives",
+        hint="\nSet environment.gym_id (and env_make_kwargs) to the environment "
+        "the preferences came from, or fix the pairs named.",
+    )
 
 
 def _regularizer_factory(
@@ -499,7 +493,7 @@ def _train(
 
     dataset = load_preference_dataset(dataset_path)
     spaces = _environment_spaces(environment_config)
-    _check_dataset_fits(dataset, spaces, dataset_path, environment_config["gym_id"])
+    _check_dataset(dataset, spaces, dataset_path, environment_config["gym_id"])
     train_idx, held_out_idx = split_held_out(
         len(dataset),
         held_out_fraction,
