@@ -8,9 +8,6 @@ from imitation_accum.adversarial import AIRL, GAIL
 from imitation_accum.distributed.trainer import DistributedRewardTrainer
 from imitation_accum.engine.accumulator import GradientAccumulator
 from imitation_accum.integrations.patching import patch, patched, unpatch
-
-# Importing checkpoint lets torch >= 2.6 (weights_only loading) read reward nets
-# saved in imitation's format, through imitation's loader too.
 from imitation_accum.io.safe_loading import load_reward_net, save_reward_net
 from imitation_accum.preference import (
     CrossEntropyRewardTrainer,

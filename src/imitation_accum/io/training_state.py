@@ -8,7 +8,7 @@ atomically (:mod:`imitation_accum.io.atomic`).
 import copy
 import dataclasses
 import pathlib
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import torch as th
 from imitation.algorithms import preference_comparisons as pc
@@ -98,6 +98,15 @@ def save_training_state(state: TrainingState, path: AnyPath) -> pathlib.Path:
     return atomic_save(payload, path)
 
 
+def _pickled_classes(path: pathlib.Path) -> List[str]:
+    """The classes a ``torch.save`` file pickles (empty if it cannot tell)."""
+    finder = getattr(th.serialization, "get_unsafe_globals_in_checkpoint", None)
+    try:
+        return sorted(finder(str(path))) if finder is not None else []
+    except Exception:  # not a torch.save file
+        return []
+
+
 def load_training_state(path: AnyPath) -> TrainingState:
     """Reads a state written by :func:`save_training_state`.
 
@@ -116,6 +125,14 @@ def load_training_state(path: AnyPath) -> TrainingState:
     try:
         payload = th.load(source, map_location="cpu", weights_only=True)
     except Exception as error:
+        classes = _pickled_classes(source)
+        if classes:  # a training state holds none: this is something else
+            raise ValueError(
+                f"{str(source)!r} is not a training state written by "
+                f"imitation_accum: it pickles {', '.join(classes[:3])}"
+                f"{', ...' * (len(classes) > 3)} (for a reward net alone, use "
+                "load_reward_net)",
+            ) from error
         raise ValueError(
             f"cannot read checkpoint {str(source)!r}: {type(error).__name__}: {error}",
         ) from error

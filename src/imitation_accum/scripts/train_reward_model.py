@@ -18,9 +18,10 @@ after every epoch. The training state (reward net, optimizer, generators, epoch)
 checkpointed atomically to ``{log_dir}/checkpoints/training_state.pt`` and a run
 continues from one with ``resume_from=...``; the final reward net is saved as
 imitation saves it, ``{log_dir}/checkpoints/final/reward_net.pt``, ready for
-``imitation.rewards.serialize.load_reward("RewardNet_normalized", ...)`` (after
-``import imitation_accum``) or :func:`imitation_accum.checkpoint.load_reward_net`.
-Under ``torchrun`` only rank 0 logs and writes files.
+``imitation.rewards.serialize.load_reward("RewardNet_normalized", ...)`` (under
+``imitation_accum.patched()``) or :func:`imitation_accum.checkpoint.load_reward_net`.
+Under ``torchrun`` only rank 0 logs and writes files. As a script, it seeds
+torch's global generator with the run's seed (the library itself never does).
 
 The dataset is a pickle: load only files you trust.
 """
@@ -48,6 +49,7 @@ from imitation.util import logger as imit_logger
 from sacred.observers import FileStorageObserver
 
 from imitation_accum import _validation, checkpoint, distributed
+from imitation_accum.io import fingerprint
 from imitation_accum.preference import arguments, dataset_checks
 from imitation_accum.scripts import (
     atari_configs,
@@ -113,6 +115,9 @@ def train_defaults():
     )
     device = "auto"  # "auto": this process's GPU if there is one, else the CPU
     checkpoint_interval = 1  # epochs between checkpoints (0: at the end; <0: never)
+    # Under torchrun: seconds a collective waits for the other ranks, after which
+    # the job fails naming the ranks that did not arrive (stopped or stuck).
+    collective_timeout_s = distributed.DEFAULT_COLLECTIVE_TIMEOUT_S
     resume_from = None  # a checkpoints/training_state.pt to continue from
     locals()  # quieten flake8
 
@@ -180,6 +185,9 @@ def _check_config(
     config_checks.check_regularizer(config["regularizer"])
     config_checks.check_reward_ingredient(config, "train_reward_model")
     _check_device(config["device"])
+    distributed.process_group.check_timeout(
+        "collective_timeout_s", config["collective_timeout_s"]
+    )
     return {}
 
 
@@ -379,16 +387,50 @@ def _split_digest(indices: np.ndarray) -> str:
     return hashlib.sha256(np.asarray(indices, dtype=np.int64).tobytes()).hexdigest()
 
 
+def _same_data_on_every_rank(
+    context: distributed.DistributedContext,
+    dataset: Any,
+    path: str,
+) -> str:
+    """The data's fingerprint, checked to be every rank's before training."""
+    value = fingerprint.dataset_fingerprint(dataset)
+    distributed.check_same_on_every_rank(
+        context,
+        "the data",
+        value,
+        shown=f"dataset_path={path!r}, fingerprint {value[:19]}",
+        advice=": every rank must load the same dataset",
+    )
+    return value
+
+
+#: Metadata kept for messages, not compared (a dataset may move).
+_DESCRIPTIVE = ("dataset_path",)
+
+
 def _check_resumable(
     state: checkpoint.TrainingState,
     metadata: Mapping[str, Any],
     path: str,
 ) -> None:
+    saved = state.metadata
+    old = saved.get("dataset_fingerprint")
+    new = metadata["dataset_fingerprint"]
+    if old is not None and old != new:
+        raise ValueError(
+            f"resume_from={path!r} was trained on the data of "
+            f"{saved.get('dataset_path', 'another file')!r} (fingerprint "
+            f"{old[:19]}), but dataset_path={metadata['dataset_path']!r} holds "
+            f"other data (fingerprint {new[:19]}): resume with the dataset the "
+            "checkpoint was trained on",
+        )
     for key, value in metadata.items():
-        if state.metadata.get(key) != value:
+        if key in _DESCRIPTIVE or key == "dataset_fingerprint":
+            continue
+        if saved.get(key) != value:
             raise ValueError(
                 f"resume_from={path!r} was written for {key}="
-                f"{state.metadata.get(key)!r}, but this run has {value!r}: resume "
+                f"{saved.get(key)!r}, but this run has {value!r}: resume "
                 "with the same dataset_path, held_out_fraction and held_out_seed",
             )
 
@@ -428,6 +470,7 @@ def train_reward_model(
     device: str,
     checkpoint_interval: int,
     resume_from: Optional[str],
+    collective_timeout_s: float,
     environment: Mapping[str, Any],
     _seed: int,
 ) -> Mapping[str, Any]:
@@ -443,13 +486,16 @@ def train_reward_model(
         device: Where to train (``"auto"``: this process's GPU if any).
         checkpoint_interval: Epochs between checkpoints (0: at the end; <0: never).
         resume_from: A training state to continue from.
+        collective_timeout_s: How long a collective waits for the other ranks.
         environment: The environment ingredient's config (for the spaces).
         _seed: The run's seed (sacred).
 
     Returns:
         Held-out figures per epoch and the paths of the saved files (rank 0).
     """
-    with distributed.distributed_session(device) as context:
+    with distributed.distributed_session(
+        device, timeout_s=collective_timeout_s
+    ) as context:
         return _train(
             context,
             dataset_path=dataset_path,
@@ -489,11 +535,14 @@ def _train(
         context.world_size,
     )
     seed = _agreed_seed(context, seed)
+    # A script's choice, as imitation's scripts make it: torch's global
+    # generator (the reward net's initial weights) is seeded from the run's seed.
     th.manual_seed(seed)
 
     dataset = load_preference_dataset(dataset_path)
     spaces = _environment_spaces(environment_config)
     _check_dataset(dataset, spaces, dataset_path, environment_config["gym_id"])
+    data_fingerprint = _same_data_on_every_rank(context, dataset, dataset_path)
     train_idx, held_out_idx = split_held_out(
         len(dataset),
         held_out_fraction,
@@ -509,6 +558,8 @@ def _train(
     metadata = {
         "dataset_pairs": len(dataset),
         "held_out_split": _split_digest(held_out_idx),
+        "dataset_fingerprint": data_fingerprint,
+        "dataset_path": str(dataset_path),
     }
 
     net = reward.make_reward_net(spaces)
