@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from imitation.algorithms import preference_comparisons as pc
 
+from imitation_accum import checkpoint
 from imitation_accum.io import fingerprint
 from tests.scripts.test_train_reward_model import (  # noqa: F401
     preferences_path,
@@ -116,3 +117,23 @@ def test_a_hung_rank_ends_the_job_naming_it(tmp_path, preferences_path):
         "rank 0 of 2 failed: a collective timed out after 5 s: rank 1 did not reach "
         "it (stopped or stuck)"
     ) in output
+
+
+def test_resume_applies_the_configured_lr(tmp_path, preferences_path):
+    once = {"reward_trainer_kwargs.epochs": 1}
+    first = run(tmp_path, preferences_path, "first", **once)
+    saved = checkpoint.load_training_state(first["training_state"])
+    assert saved.optimizer_state["param_groups"][0]["lr"] == 1e-3
+    resumed = run(
+        tmp_path,
+        preferences_path,
+        "resumed",
+        resume_from=first["training_state"],
+        **{
+            "reward_trainer_kwargs.lr": 0.05,
+            "reward_trainer_kwargs.optimizer_kwargs": {"weight_decay": 0.5},
+        },
+    )
+    state = checkpoint.load_training_state(resumed["training_state"])
+    group = state.optimizer_state["param_groups"][0]
+    assert group["lr"] == 0.05 and group["weight_decay"] == 0.5

@@ -157,7 +157,7 @@ def test_batch_smaller_than_the_processes_is_named(
     monkeypatch.setattr(
         process_group,
         "init_distributed",
-        lambda device, backend=None: distributed.DistributedContext(world_size=4),
+        lambda device, **options: distributed.DistributedContext(world_size=4),
     )
     with pytest.raises(
         distributed.RankFailedError,

@@ -9,6 +9,7 @@ plan says (:func:`~imitation_accum.preference.pair_task.make_chunks`) and steppe
 by the engine with the plan as its argument.
 """
 
+import copy
 import time
 from typing import Any, Mapping, Optional, Type, Union
 
@@ -248,6 +249,10 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
                 f"round(epochs * epoch_multiplier) = round({self.epochs} * "
                 f"{epoch_multiplier}) = {epochs}. Must train for at least one epoch.",
             )
+        # A failure before an epoch's first step completes puts the generator
+        # back to where the last completed step left it (before the epoch's
+        # permutation and, in the first epoch, the validation split).
+        rng_before_epoch = copy.deepcopy(self.rng.bit_generator.state)
         train_idx, val_idx = np.arange(len(table)), None
         if self.requires_regularizer_update:
             assert self.regularizer is not None and self.regularizer.val_split
@@ -271,14 +276,21 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
         last_postfix = 0.0
         with progress, self.logger.accumulate_means("reward"):
             for epoch_num in range(epochs):
+                if epoch_num:
+                    rng_before_epoch = copy.deepcopy(self.rng.bit_generator.state)
                 batches = sampling.epoch_batches(
                     self.rng, train_idx, self.batch_size, self.drop_last
                 )
                 epoch_loss_sum, epoch_items = 0.0, 0
                 with self.logger.add_key_prefix(f"epoch-{epoch_num}"):
-                    for batch in batches:
-                        with self.logger.add_key_prefix("train"):
-                            result = self._train_step(table, batch)
+                    for step_in_epoch, batch in enumerate(batches):
+                        try:
+                            with self.logger.add_key_prefix("train"):
+                                result = self._train_step(table, batch)
+                        except BaseException:
+                            if step_in_epoch == 0:
+                                self.rng.bit_generator.state = rng_before_epoch
+                            raise
                         epoch_loss_sum += result.loss * result.n_items
                         epoch_items += result.n_items
                         progress.update()

@@ -435,6 +435,25 @@ def _check_resumable(
             )
 
 
+def _apply_configured_optimizer(
+    trainer: Any,
+    trainer_kwargs: Mapping[str, Any],
+    custom_logger: imit_logger.HierarchicalLogger,
+) -> None:
+    """The configured lr and optimizer_kwargs win over a checkpoint's, and say so."""
+    configured = {
+        "lr": trainer_kwargs.get("lr", 1e-3),
+        **(trainer_kwargs.get("optimizer_kwargs") or {}),
+    }
+    changed = checkpoint.apply_hyperparameters(trainer.optim, configured)
+    for name, (old, new) in changed.items():
+        key = "lr" if name == "lr" else f"optimizer_kwargs.{name}"
+        custom_logger.log(
+            f"Resuming with reward_trainer_kwargs.{key}={new!r}, not the "
+            f"checkpoint's {old!r}: the configured value is applied",
+        )
+
+
 @contextlib.contextmanager
 def _run_logger(
     context: distributed.DistributedContext,
@@ -587,6 +606,7 @@ def _train(
             checkpoint.restore_state(trainer, state, resume_from)
             first_epoch = state.epoch
             custom_logger.log(f"Resuming from {resume_from} after epoch {first_epoch}")
+            _apply_configured_optimizer(trainer, trainer_kwargs, custom_logger)
 
         checkpoint_dir = None if log_dir is None else log_dir / "checkpoints"
         state_path = None
