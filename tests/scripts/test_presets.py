@@ -2,6 +2,8 @@
 
 import pathlib
 
+import gymnasium as gym
+import numpy as np
 import pytest
 
 from imitation_accum.scripts import atari_configs, presets
@@ -77,4 +79,15 @@ def test_full_dataset_would_not_fit():
     config = atari_configs.preference_config("Pong")
     config["comparison_queue_size"] = config["total_comparisons"]
     dataset = atari_configs.config_host_memory_bytes(config)["dataset"]
-    assert dataset == 5000 * 2 * 101 * 84 * 84 * 4  # 28.5 GB
+    # Measured on the configured environment: one fragment's frames, as the
+    # preference queue keeps them (fragment_length transitions, one more frame).
+    env = gym.make(config["environment"]["gym_id"])
+    try:
+        frames = [env.reset(seed=0)[0]]
+        while len(frames) < config["fragment_length"] + 1:
+            frames.append(env.step(env.action_space.sample())[0])
+    finally:
+        env.close()
+    fragment_bytes = np.stack(frames).nbytes
+    assert dataset == config["total_comparisons"] * 2 * fragment_bytes
+    assert dataset > 24 * 10**9  # more than a 24 GB host holds
