@@ -11,12 +11,16 @@ and checks.
 import copy
 import logging
 import pathlib
+import sys
+import textwrap
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import sacred
+from sacred.arg_parser import format_usage
+from sacred.commands import help_for_command
 from sacred.config import save_config_file
 from sacred.observers import FileStorageObserver
-from sacred.utils import convert_to_nested_dict
+from sacred.utils import convert_to_nested_dict, ensure_wellformed_argv
 
 from imitation_accum.integrations.patching import patched
 
@@ -35,10 +39,22 @@ class PatchedExperiment(sacred.Experiment):
     ``demo_minibatch_size`` instead of clashing with it.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """As ``sacred.Experiment``'s constructor."""
-        super().__init__(*args, **kwargs)
-        self.alternatives: Dict[str, List[Tuple[str, ...]]] = {}
+    # (No __init__ of its own: sacred takes the experiment's docstring, main
+    # file and sources from the frame that calls its constructor.)
+
+    @property
+    def alternatives(self) -> Dict[str, List[Tuple[str, ...]]]:
+        """Section to groups of alternative keys (see :meth:`add_alternatives`)."""
+        if "_alternatives" not in vars(self):
+            self._alternatives: Dict[str, List[Tuple[str, ...]]] = {}
+        return self._alternatives
+
+    @property
+    def command_docs(self) -> Dict[str, str]:
+        """Help of commands whose functions have no docstring (imitation's)."""
+        if "_command_docs" not in vars(self):
+            self._command_docs: Dict[str, str] = {}
+        return self._command_docs
 
     def add_alternatives(self, section: str, *names: str) -> None:
         """Declares the keys ``names`` of config ``section`` alternatives.
@@ -48,6 +64,60 @@ class PatchedExperiment(sacred.Experiment):
             names: Keys of which a run sets at most one.
         """
         self.alternatives.setdefault(section, []).append(tuple(names))
+
+    def run_commandline(self, argv: Any = None) -> Optional[sacred.run.Run]:
+        """Sacred's command line, with ``--help`` that prints help and exits 0.
+
+        ``PROG --help`` prints the experiment's description, its commands and
+        options; ``PROG COMMAND --help`` (or ``-h``) the command's.
+
+        Args:
+            argv: As for ``sacred.Experiment.run_commandline``.
+
+        Returns:
+            The finished run.
+        """
+        argv = ensure_wellformed_argv(argv)
+        words = [str(word) for word in argv[1:]]
+        before_updates = words[: words.index("with")] if "with" in words else words
+        if "-h" in before_updates or "--help" in before_updates:
+            named = [w for w in before_updates if not w.startswith("-")]
+            print(self.help_text(named[0] if named else None, argv[0]))
+            sys.exit(0)
+        return super().run_commandline(argv)
+
+    def help_text(self, command: Optional[str], program: str) -> str:
+        """The help of the experiment, or of one of its commands.
+
+        Args:
+            command: A command's name, or ``None`` for the experiment's help.
+            program: How the program was called (``sys.argv[0]``).
+
+        Returns:
+            The text.
+        """
+        name = pathlib.Path(program).stem
+        if program.endswith(".py"):  # python -m imitation_accum.scripts.NAME
+            name = f"python -m {__package__}.{name}"
+        commands = dict(self.gather_commands())
+        if command is None:
+            usage = format_usage(name, self.doc, commands, self.all_cli_options)
+            return usage.replace(f"'{name}'", name)  # quoted for its spaces
+        if command not in commands:
+            return (
+                f"{name}: no command {command!r}; the commands are: "
+                f"{', '.join(sorted(commands))}"
+            )
+        described = command in self.command_docs and textwrap.fill(
+            self.command_docs[command], 88
+        )
+        described = described or help_for_command(commands[command])
+        return (
+            f"Usage: {name} {command} [with UPDATE...] [options]\n\n"
+            f"{described}\n\n"
+            f"`{name} print_config` shows every config key and its value; "
+            f"`{name} print_named_configs` the named configs."
+        )
 
     def run(
         self,
@@ -104,7 +174,10 @@ def user_alternatives_win(
     return updates
 
 
-def derive(imitation_experiment: sacred.Experiment) -> PatchedExperiment:
+def derive(
+    imitation_experiment: sacred.Experiment,
+    doc: Optional[str] = None,
+) -> PatchedExperiment:
     """A :class:`PatchedExperiment` that is a copy of one of imitation's experiments.
 
     The new experiment shares imitation's ingredients and reuses its config scopes,
@@ -113,6 +186,8 @@ def derive(imitation_experiment: sacred.Experiment) -> PatchedExperiment:
 
     Args:
         imitation_experiment: Such as imitation's ``train_preference_comparisons_ex``.
+        doc: The new experiment's description (``--help``): the script's
+            docstring.
 
     Returns:
         The new experiment, with the same name.
@@ -121,6 +196,7 @@ def derive(imitation_experiment: sacred.Experiment) -> PatchedExperiment:
         str(imitation_experiment.path),
         ingredients=imitation_experiment.ingredients,
     )
+    ex.doc = doc or imitation_experiment.doc
     ex.configurations.extend(imitation_experiment.configurations)
     ex.named_configs.update(imitation_experiment.named_configs)
     ex.config_hooks.extend(imitation_experiment.config_hooks)

@@ -39,7 +39,18 @@ from imitation_accum.scripts import (
     ingredients,
 )
 
-train_adversarial_ex = experiment.derive(imitation_ex)
+train_adversarial_ex = experiment.derive(imitation_ex, doc=__doc__)
+ALGORITHMS_BY_NAME = ("airl", "gail")
+for _name in ALGORITHMS_BY_NAME:
+    train_adversarial_ex.command_docs[_name] = (
+        f"Trains {_name.upper()} (imitation_accum.{_name.upper()}) on "
+        "demonstrations: the generator with imitation's RL ingredient, the "
+        "discriminator with exact gradient accumulation. Main keys: "
+        "environment.gym_id, demonstrations.source/path, total_timesteps, "
+        "algorithm_kwargs.demo_batch_size and demo_minibatch_size (alias "
+        "minibatch_size) or memory_budget, algorithm_kwargs.max_grad_norm; named "
+        "configs such as atari_pong and fast."
+    )
 train_adversarial_ex.add_alternatives(
     "algorithm_kwargs", "demo_minibatch_size", "minibatch_size", "memory_budget"
 )

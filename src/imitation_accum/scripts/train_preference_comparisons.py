@@ -38,7 +38,7 @@ from imitation_accum.scripts import (
     ingredients,
 )
 
-train_preference_comparisons_ex = experiment.derive(imitation_ex)
+train_preference_comparisons_ex = experiment.derive(imitation_ex, doc=__doc__)
 train_preference_comparisons_ex.add_alternatives(
     "reward_trainer_kwargs", "minibatch_size", "memory_budget"
 )

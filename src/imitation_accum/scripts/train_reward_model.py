@@ -115,8 +115,7 @@ def train_defaults():
     )
     device = "auto"  # "auto": this process's GPU if there is one, else the CPU
     checkpoint_interval = 1  # epochs between checkpoints (0: at the end; <0: never)
-    # Under torchrun: seconds a collective waits for the other ranks, after which
-    # the job fails naming the ranks that did not arrive (stopped or stuck).
+    # torchrun: seconds to wait for the other ranks, then fail naming the missing
     collective_timeout_s = distributed.DEFAULT_COLLECTIVE_TIMEOUT_S
     resume_from = None  # a checkpoints/training_state.pt to continue from
     locals()  # quieten flake8
@@ -148,16 +147,20 @@ def _check_config(
     command_name: str,
     logger: Any,
 ) -> Dict[str, Any]:
-    """Config hook: every key checked before anything is loaded or built."""
-    del command_name
+    """Config hook: every key checked before anything is loaded or built.
+
+    The files (``dataset_path``, ``resume_from``) are needed only to train:
+    ``print_config`` and the other commands run without them.
+    """
+    trains = command_name == "train_reward_model"
     path = config["dataset_path"]
-    if path is None:
+    if path is None and trains:
         raise ValueError(
             "dataset_path is required: a PreferenceDataset saved with "
             "PreferenceDataset.save (train_preference_comparisons with "
             "save_preferences=True writes preferences.pkl)",
         )
-    if not pathlib.Path(path).is_file():
+    if path is not None and not pathlib.Path(path).is_file():
         raise ValueError(f"dataset_path={path!r}: no such file")
     fraction = config["held_out_fraction"]
     if not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
