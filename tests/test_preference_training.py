@@ -177,7 +177,7 @@ class RecordingBar:
         self.updates += n
 
     def set_postfix(self, postfix, refresh=True):
-        self.postfixes.append(dict(postfix))
+        self.postfixes.append((dict(postfix), refresh))
 
 
 def test_progress_bar_advances_once_per_step(rng, monkeypatch):
@@ -191,12 +191,24 @@ def test_progress_bar_advances_once_per_step(rng, monkeypatch):
         epochs=2,
         progress_bar=True,
     )
+    steps = []
+    original = type(trainer)._train_step
+
+    def recording(self, table, batch):
+        steps.append(original(self, table, batch))
+        return steps[-1]
+
+    monkeypatch.setattr(type(trainer), "_train_step", recording)
     trainer.train(dataset)
     (bar,) = RecordingBar.bars
     assert not bar.disable
     assert bar.total == bar.updates == 2 * 3  # 2 epochs of batches 4, 4, 2
-    assert bar.postfixes
-    assert {"loss", "acc", "pairs/s", "peak"} <= set(bar.postfixes[0])
+    assert {"loss", "acc", "pairs/s", "peak"} <= set(bar.postfixes[0][0])
+    # The bar's last refresh shows the last step's figures.
+    final, refreshed = bar.postfixes[-1]
+    assert refreshed
+    assert final["loss"] == f"{steps[-1].loss:.4f}"
+    assert final["acc"] == f"{steps[-1].metrics['accuracy']:.3f}"
 
 
 def recorded_batches(trainer, dataset):

@@ -4,6 +4,14 @@ Any ``minibatch_size`` gives the full-batch update: see ``CrossEntropyRewardTrai
 for preference comparisons.
 """
 
+import warnings
+
+with warnings.catch_warnings():
+    # sacred 0.8 imports pkg_resources, which setuptools deprecates; nothing a
+    # user of this package can act on. Only this first import is quieted.
+    warnings.filterwarnings("ignore", "pkg_resources is deprecated", UserWarning)
+    import sacred  # noqa: F401
+
 from imitation_accum.adversarial import AIRL, GAIL
 from imitation_accum.distributed.trainer import DistributedRewardTrainer
 from imitation_accum.engine.accumulator import GradientAccumulator

@@ -1,6 +1,10 @@
 """Every config value is checked in the config hook, before anything is written."""
 # ruff: noqa: F811  (preferences_path is a fixture imported from the run tests)
 
+import logging
+import subprocess
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -253,3 +257,31 @@ def test_a_bad_pair_is_named_by_its_file_index(tmp_path, preferences_path, part)
         error.value
     )
     assert not (tmp_path / "bad").exists()
+
+
+# --- warnings the user cannot act on ------------------------------------------
+
+
+def test_sacred_warnings_about_own_keys_left_out(caplog):
+    ex.run("print_config", config_updates={"reward_trainer_kwargs.forward_size": 8})
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "config entry" in m], messages
+    quiet = experiment._OwnKeysFilter(["reward_trainer_kwargs"])
+
+    def kept(message):
+        return quiet.filter(logging.LogRecord("x", 30, "", 0, message, (), None))
+
+    assert not kept('Changed type of config entry "reward_trainer_kwargs.lr" from a')
+    assert kept('Added new config entry: "rl.rl_kwargs.foo"')  # a real one stays
+    assert kept("something else")
+
+
+def test_importing_the_package_warns_nothing_of_its_own():
+    done = subprocess.run(
+        [sys.executable, "-W", "default", "-c", "import imitation_accum"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "pkg_resources is deprecated" not in done.stderr

@@ -300,6 +300,8 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
                     if val_idx is not None:
                         train_loss = epoch_loss_sum / epoch_items
                         self._update_regularizer(table, val_idx, train_loss)
+            # Postfixes are throttled; the last refresh shows the last step.
+            progress.set_postfix(records.postfix(result), refresh=True)
         records.record_final_values(self.logger, epoch_num)
 
     def _train_step(

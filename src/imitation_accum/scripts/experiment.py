@@ -8,12 +8,14 @@ as a :class:`PatchedExperiment`, which configures and runs under
 and checks.
 """
 
+import contextlib
 import copy
 import logging
 import pathlib
+import re
 import sys
 import textwrap
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import sacred
 from sacred.arg_parser import format_usage
@@ -141,8 +143,49 @@ class PatchedExperiment(sacred.Experiment):
             The finished run.
         """
         updates = user_alternatives_win(config_updates or {}, self.alternatives)
-        with patched():
+        with patched(), self._own_keys_quiet():
             return super().run(command_name, updates, named_configs, *args, **kwargs)
+
+    @property
+    def own_sections(self) -> List[str]:
+        """Config sections whose every key this package's hooks check.
+
+        sacred warns that a key was added (or changed type) when a named config
+        or the user sets a key imitation's defaults lack, such as
+        ``reward_trainer_kwargs.minibatch_size``; for these sections the config
+        hooks check each key (rejecting unknown ones with near matches), so the
+        warning says nothing the user can act on and is left out.
+        """
+        if "_own_sections" not in vars(self):
+            self._own_sections: List[str] = []
+        return self._own_sections
+
+    @contextlib.contextmanager
+    def _own_keys_quiet(self) -> Iterator[None]:
+        """Leaves out sacred's config warnings about :attr:`own_sections` keys."""
+        logger = self.logger or logging.getLogger()
+        quiet = _OwnKeysFilter(self.own_sections)
+        logger.addFilter(quiet)
+        try:
+            yield
+        finally:
+            logger.removeFilter(quiet)
+
+
+class _OwnKeysFilter(logging.Filter):
+    """Drops sacred's "Added new config entry" / "Changed type" for given sections."""
+
+    _PATTERN = re.compile(
+        r'^(?:Added new config entry: |Changed type of config entry )"([^"]+)"'
+    )
+
+    def __init__(self, sections: Sequence[str]) -> None:
+        super().__init__()
+        self.sections = tuple(f"{section}." for section in sections)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = self._PATTERN.match(str(record.msg))
+        return not (match and match.group(1).startswith(self.sections))
 
 
 def user_alternatives_win(

@@ -51,6 +51,7 @@ for _name in ALGORITHMS_BY_NAME:
         "minibatch_size) or memory_budget, algorithm_kwargs.max_grad_norm; named "
         "configs such as atari_pong and fast."
     )
+train_adversarial_ex.own_sections.extend(["algorithm_kwargs"])
 train_adversarial_ex.add_alternatives(
     "algorithm_kwargs", "demo_minibatch_size", "minibatch_size", "memory_budget"
 )

@@ -39,6 +39,9 @@ from imitation_accum.scripts import (
 )
 
 train_preference_comparisons_ex = experiment.derive(imitation_ex, doc=__doc__)
+train_preference_comparisons_ex.own_sections.extend(
+    ["reward_trainer_kwargs", "preference_model_kwargs"]
+)
 train_preference_comparisons_ex.add_alternatives(
     "reward_trainer_kwargs", "minibatch_size", "memory_budget"
 )

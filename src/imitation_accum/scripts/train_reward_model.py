@@ -68,6 +68,9 @@ train_reward_model_ex = experiment.PatchedExperiment(
         reward.reward_ingredient,
     ],
 )
+train_reward_model_ex.own_sections.extend(
+    ["reward_trainer_kwargs", "preference_model_kwargs", "regularizer"]
+)
 train_reward_model_ex.add_alternatives(
     "reward_trainer_kwargs", "minibatch_size", "memory_budget"
 )
