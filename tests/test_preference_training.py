@@ -345,3 +345,29 @@ def test_preference_comparisons_runs_with_this_trainer(rng):
     result = main.train(total_timesteps=10, total_comparisons=20)
     assert np.isfinite(result["reward_loss"])
     assert 0 <= result["reward_accuracy"] <= 1
+
+
+def test_printed_output_is_a_line_per_epoch_and_one_table(rng, tmp_path, capsys):
+    dataset = ref.make_dataset(rng, 8, (3,))
+    logger = imit_logger.configure(str(tmp_path), ["stdout", "csv"])
+    trainer = make_trainer(
+        make_net(),
+        batch_size=4,
+        epochs=3,
+        forward_size=4,
+        progress_bar=True,
+        custom_logger=logger,
+    )
+    trainer.train(dataset)
+    logger.dump(0)
+    printed = capsys.readouterr().out.splitlines()
+    epoch_lines = [line for line in printed if line.startswith("reward model epoch")]
+    assert [line.split(":")[0] for line in epoch_lines] == [
+        f"reward model epoch {n}/3" for n in (1, 2, 3)
+    ]
+    rows = [line for line in printed if line.startswith("|")]
+    assert not [row for row in rows if "epoch-" in row]
+    assert any("final/train/loss" in row for row in rows)
+    # The per-epoch figures still reach the files.
+    header = (tmp_path / "progress.csv").read_text().splitlines()[0].split(",")
+    assert "mean/reward/epoch-2/train/loss" in header

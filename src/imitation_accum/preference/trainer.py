@@ -282,6 +282,7 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
                     self.rng, train_idx, self.batch_size, self.drop_last
                 )
                 epoch_loss_sum, epoch_items = 0.0, 0
+                epoch_accuracy_sum, epoch_seconds = 0.0, 0.0
                 with self.logger.add_key_prefix(f"epoch-{epoch_num}"):
                     for step_in_epoch, batch in enumerate(batches):
                         try:
@@ -293,6 +294,10 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
                             raise
                         epoch_loss_sum += result.loss * result.n_items
                         epoch_items += result.n_items
+                        epoch_accuracy_sum += (
+                            result.metrics["accuracy"] * result.n_items
+                        )
+                        epoch_seconds += result.seconds
                         progress.update()
                         if time.perf_counter() - last_postfix > 0.5:
                             last_postfix = time.perf_counter()
@@ -300,6 +305,17 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
                     if val_idx is not None:
                         train_loss = epoch_loss_sum / epoch_items
                         self._update_regularizer(table, val_idx, train_loss)
+                if self.progress_bar:  # the bar's companion: a line per epoch
+                    self.logger.log(
+                        records.epoch_line(
+                            epoch_num,
+                            epochs,
+                            epoch_loss_sum,
+                            epoch_accuracy_sum,
+                            epoch_items,
+                            epoch_seconds,
+                        )
+                    )
             # Postfixes are throttled; the last refresh shows the last step.
             progress.set_postfix(records.postfix(result), refresh=True)
         records.record_final_values(self.logger, epoch_num)
@@ -329,6 +345,9 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
             gt_loss=records.mean_of(self._gt_losses, batch),
             profile=self.planner.profile,
             skipped_steps=self.engine.n_skipped_steps,
+            # Per-epoch figures go to files and TensorBoard; the printed table
+            # gets the last epoch's (``reward/final/...``) and a line per epoch.
+            exclude=("stdout", "log"),
         )
         return result
 
