@@ -15,7 +15,7 @@ demonstrations.path=PATH`` (see
 :mod:`imitation_accum.integrations.demonstrations` for how to
 make one).
 
-Usage::
+For example::
 
     python -m imitation_accum.scripts.train_adversarial airl with atari_pong \
         demonstrations.path=demos/pong algorithm_kwargs.demo_minibatch_size=128

@@ -10,7 +10,7 @@ the Atari named configs (``atari_pong``, ``atari_breakout``, ...,
 ``atari_pong_unwrapped``), a ``fast`` named config for tests, and checks that
 reject a bad config before anything is built.
 
-Usage::
+For example::
 
     python -m imitation_accum.scripts.train_preference_comparisons with atari_pong \
         reward_trainer_kwargs.minibatch_size=8
