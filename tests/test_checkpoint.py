@@ -213,6 +213,7 @@ _IMITATION_LOADS_FRAMES = """
 import numpy as np
 import imitation_accum
 from imitation.rewards import serialize
+imitation_accum.patch()
 reward_fn = serialize.load_reward("RewardNet_unshaped", {path!r}, None)
 obs = np.zeros((3, 12, 12, 4), np.uint8)
 print(reward_fn(obs, np.zeros(3, int), obs, np.zeros(3, bool)).shape)
@@ -234,7 +235,7 @@ def test_imitation_loader_reads_a_shaped_cnn(tmp_path):
 @pytest.mark.parametrize("kind", ["RewardNet_normalized", "RewardNet_unnormalized"])
 def test_imitation_loader_reads_saved_nets(tmp_path, kind):
     path = checkpoint.save_reward_net(make_net(), tmp_path / "reward_net.pt")
-    done = imitation_load(path, kind, "import imitation_accum")
+    done = imitation_load(path, kind, "import imitation_accum\nimitation_accum.patch()")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "(3,)"
 
@@ -243,10 +244,14 @@ def test_imitation_loader_reads_saved_nets(tmp_path, kind):
     tuple(int(x) for x in th.__version__.split(".")[:2]) < (2, 6),
     reason="torch < 2.6 loads without weights_only by default",
 )
-def test_imitation_loader_fails_without_the_registration(tmp_path):
-    """What the registration fixes: imitation 1.0.1 on torch >= 2.6 alone."""
+@pytest.mark.parametrize("prelude", ["", "import imitation_accum"])
+def test_imitation_loader_fails_unpatched(tmp_path, prelude):
+    """What patching fixes: imitation 1.0.1 on torch >= 2.6, unpatched.
+
+    ``import imitation_accum`` alone changes nothing in torch.
+    """
     path = checkpoint.save_reward_net(make_net(), tmp_path / "reward_net.pt")
-    done = imitation_load(path, "RewardNet_normalized", "")
+    done = imitation_load(path, "RewardNet_normalized", prelude)
     assert done.returncode != 0
     assert "Weights only load failed" in done.stderr
 

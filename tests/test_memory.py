@@ -92,7 +92,9 @@ def test_auto_budget_trains(rng):
     logged = trainer.logger.name_to_value
     # a whole batch fits in this machine's memory: one chunk of all 4 pairs
     assert logged["reward/final/train/chunk_transitions"] == 40
-    assert logged["reward/final/train/memory_estimate_mib"] > 0
+    # the logged estimate is the profile's for that chunk, in MiB
+    expected = trainer.memory_profile.chunk_bytes(40, trainer.last_plan.forward_size)
+    assert logged["reward/final/train/memory_estimate_mib"] == expected / 2**20
 
 
 # The probe ----------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 import csv
 import pathlib
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -191,3 +193,38 @@ def test_imitation_adversarial_experiment_under_patched(tmp_path, monkeypatch):
     with imitation_accum.patched():
         assert run().status == "COMPLETED"
     assert steps and set(steps) == {3}
+
+
+# --- no process-wide side effects --------------------------------------------
+
+_SIDE_EFFECTS = """
+import sys
+import torch
+before = len(torch.serialization.get_safe_globals())
+import imitation_accum
+from imitation_accum import checkpoint
+assert len(torch.serialization.get_safe_globals()) == before, "allow-list widened"
+imitation_accum.patch()
+assert "imitation_accum.scripts" not in sys.modules, "patch imported the scripts"
+imitation_accum.unpatch()
+print(before)
+"""
+
+
+def test_import_and_patch_leave_the_process_alone():
+    done = subprocess.run(
+        [sys.executable, "-c", _SIDE_EFFECTS],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout) < 20  # torch's own few, not the reward-net classes
+
+
+def test_presets_write_nothing_into_the_working_directory(tmp_path, monkeypatch):
+    from imitation_accum.scripts import presets
+
+    monkeypatch.chdir(tmp_path)
+    assert presets.render(presets.PRESETS["pong_16gb"]).startswith("{")
+    assert list(tmp_path.iterdir()) == []

@@ -196,3 +196,61 @@ def test_lambda_updater_gets_item_weighted_means(rng):
             replay.train()
         expected = (float(sum(losses)) / len(train_idx), float(val_loss))
         np.testing.assert_allclose(calls[epoch], expected, rtol=1e-5)
+
+
+def sgd_clipped_reference(net, dataset, *, seed, batch_size, epochs, clip, naive):
+    """Plain SGD on loss + Lp penalty, its gradient clipped once per step.
+
+    The package's order: the penalty's gradient is added, then the total is
+    clipped. ``naive`` clips the loss gradient first and adds the penalty after.
+    """
+    for perm in ref.epoch_permutations(seed, len(dataset), epochs):
+        for start in range(0, len(perm), batch_size):
+            pairs, prefs = ref.batch_of(dataset, perm[start : start + batch_size])
+            loss_grads = ref.grads_of(
+                net,
+                lambda pairs=pairs, prefs=prefs: ref.full_batch_loss(net, pairs, prefs),
+            )
+            penalty_grads = [2 * LAMBDA * p.detach() for p in net.parameters()]
+
+            def clipped(grads):
+                norm = th.sqrt(sum(g.pow(2).sum() for g in grads))
+                scale = min(1.0, clip / (float(norm) + 1e-6))
+                return [g * scale for g in grads]
+
+            if naive:
+                grads = [a + b for a, b in zip(clipped(loss_grads), penalty_grads)]
+            else:
+                grads = clipped([a + b for a, b in zip(loss_grads, penalty_grads)])
+            with th.no_grad():
+                for p, g in zip(net.parameters(), grads):
+                    p -= LR * g
+    return net
+
+
+@pytest.mark.parametrize("minibatch_size", [None, 3])
+def test_regularizer_then_clipping_against_a_plain_reference(rng, minibatch_size):
+    dataset = ref.make_dataset(rng, 9, (3, 5))
+    net = make_net()
+    initial = copy.deepcopy(net)
+    clip = 0.05  # well below the gradient norms here: every step is clipped
+    trainer = sgd_trainer(
+        net,
+        seed=3,
+        batch_size=4,
+        minibatch_size=minibatch_size,
+        epochs=2,
+        lr=LR,
+        forward_size=6,
+        max_grad_norm=clip,
+        regularizer_factory=lp_factory(),
+    )
+    trainer.train(dataset)
+    common = dict(seed=3, batch_size=4, epochs=2, clip=clip)
+    expected = sgd_clipped_reference(
+        copy.deepcopy(initial), dataset, naive=False, **common
+    )
+    naive = sgd_clipped_reference(copy.deepcopy(initial), dataset, naive=True, **common)
+    actual = list(net.parameters())
+    assert ref.relative_error(actual, list(expected.parameters())) < 1e-6
+    assert ref.relative_error(actual, list(naive.parameters())) > 1e-4

@@ -1,6 +1,7 @@
 """Logged figures, batch order, determinism, ensembles and PreferenceComparisons."""
 
 import copy
+import resource
 
 import numpy as np
 import pytest
@@ -113,20 +114,48 @@ def test_logged_accuracy_matches_reference_and_mean_of_means_differs(rng):
     assert abs(naive_loss - expected_loss) > 1e-3
 
 
-def test_steps_log_throughput_memory_and_chunking(rng):
+def test_steps_log_throughput_memory_and_chunking(rng, monkeypatch):
     dataset = ref.make_dataset(rng, 10, (4,))
-    trainer = make_trainer(make_net(), batch_size=4, minibatch_size=3, forward_size=5)
+    net = make_net()
+    # lr=0 keeps the parameters: each step's gradient norm is then that of the
+    # initial net on the step's batch, computed plainly below.
+    trainer = make_trainer(
+        net, seed=1, batch_size=4, minibatch_size=3, forward_size=5, lr=0.0
+    )
+    steps = []
+    original = type(trainer)._train_step
+
+    def recording(self, table, batch):
+        result = original(self, table, batch)
+        steps.append(result)
+        return result
+
+    monkeypatch.setattr(type(trainer), "_train_step", recording)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     trainer.train(dataset)
+    rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     raw = trainer.logger.name_to_value
+    perm = ref.epoch_permutations(1, 10, 1)[0]
+    norms = []
+    for start in (0, 4, 8):
+        pairs, prefs = ref.batch_of(dataset, perm[start : start + 4])
+        grads = ref.grads_of(
+            net, lambda p=pairs, q=prefs: ref.full_batch_loss(net, p, q)
+        )
+        norms.append(float(ref.flat(grads).norm()))
+    assert [s.n_items for s in steps] == [4, 4, 2]
+    throughput = np.mean([s.n_items / s.seconds for s in steps])
     # Batches of 4, 4 and 2 pairs of 4-transition fragments, in chunks of 3 pairs.
     for prefix in ("mean/reward/epoch-0/train/", "reward/final/train/"):
-        assert raw[prefix + "pairs_per_second"] > 0
-        assert raw[prefix + "peak_memory_mib"] > 0
+        assert raw[prefix + "grad_norm"] == pytest.approx(np.mean(norms), rel=1e-5)
+        assert raw[prefix + "pairs_per_second"] == pytest.approx(throughput)
+        # On a CPU: the process's peak resident memory, which only grows.
+        peak = raw[prefix + "peak_memory_mib"] * 2**20
+        assert rss_before <= peak <= rss_after
         assert raw[prefix + "forward_size"] == 5
         assert raw[prefix + "chunk_transitions"] == pytest.approx((24 + 24 + 16) / 3)
         assert raw[prefix + "minibatches_per_step"] == pytest.approx((2 + 2 + 1) / 3)
         assert raw[prefix + "two_pass"] == 0
-        assert raw[prefix + "grad_norm"] > 0
 
 
 class RecordingBar:
@@ -148,7 +177,7 @@ class RecordingBar:
         self.updates += n
 
     def set_postfix(self, postfix, refresh=True):
-        self.postfixes.append(dict(postfix))
+        self.postfixes.append((dict(postfix), refresh))
 
 
 def test_progress_bar_advances_once_per_step(rng, monkeypatch):
@@ -162,12 +191,24 @@ def test_progress_bar_advances_once_per_step(rng, monkeypatch):
         epochs=2,
         progress_bar=True,
     )
+    steps = []
+    original = type(trainer)._train_step
+
+    def recording(self, table, batch):
+        steps.append(original(self, table, batch))
+        return steps[-1]
+
+    monkeypatch.setattr(type(trainer), "_train_step", recording)
     trainer.train(dataset)
     (bar,) = RecordingBar.bars
     assert not bar.disable
     assert bar.total == bar.updates == 2 * 3  # 2 epochs of batches 4, 4, 2
-    assert bar.postfixes
-    assert {"loss", "acc", "pairs/s", "peak"} <= set(bar.postfixes[0])
+    assert {"loss", "acc", "pairs/s", "peak"} <= set(bar.postfixes[0][0])
+    # The bar's last refresh shows the last step's figures.
+    final, refreshed = bar.postfixes[-1]
+    assert refreshed
+    assert final["loss"] == f"{steps[-1].loss:.4f}"
+    assert final["acc"] == f"{steps[-1].metrics['accuracy']:.3f}"
 
 
 def recorded_batches(trainer, dataset):
@@ -304,3 +345,29 @@ def test_preference_comparisons_runs_with_this_trainer(rng):
     result = main.train(total_timesteps=10, total_comparisons=20)
     assert np.isfinite(result["reward_loss"])
     assert 0 <= result["reward_accuracy"] <= 1
+
+
+def test_printed_output_is_a_line_per_epoch_and_one_table(rng, tmp_path, capsys):
+    dataset = ref.make_dataset(rng, 8, (3,))
+    logger = imit_logger.configure(str(tmp_path), ["stdout", "csv"])
+    trainer = make_trainer(
+        make_net(),
+        batch_size=4,
+        epochs=3,
+        forward_size=4,
+        progress_bar=True,
+        custom_logger=logger,
+    )
+    trainer.train(dataset)
+    logger.dump(0)
+    printed = capsys.readouterr().out.splitlines()
+    epoch_lines = [line for line in printed if line.startswith("reward model epoch")]
+    assert [line.split(":")[0] for line in epoch_lines] == [
+        f"reward model epoch {n}/3" for n in (1, 2, 3)
+    ]
+    rows = [line for line in printed if line.startswith("|")]
+    assert not [row for row in rows if "epoch-" in row]
+    assert any("final/train/loss" in row for row in rows)
+    # The per-epoch figures still reach the files.
+    header = (tmp_path / "progress.csv").read_text().splitlines()[0].split(",")
+    assert "mean/reward/epoch-2/train/loss" in header

@@ -4,14 +4,19 @@ Any ``minibatch_size`` gives the full-batch update: see ``CrossEntropyRewardTrai
 for preference comparisons.
 """
 
+import warnings
+
+with warnings.catch_warnings():
+    # sacred 0.8 imports pkg_resources, which setuptools deprecates; nothing a
+    # user of this package can act on. Only this first import is quieted.
+    warnings.filterwarnings("ignore", "pkg_resources is deprecated", UserWarning)
+    import sacred  # noqa: F401
+
 from imitation_accum.adversarial import AIRL, GAIL
 from imitation_accum.distributed.trainer import DistributedRewardTrainer
 from imitation_accum.engine.acceleration import Acceleration
 from imitation_accum.engine.accumulator import GradientAccumulator
 from imitation_accum.integrations.patching import patch, patched, unpatch
-
-# Importing checkpoint lets torch >= 2.6 (weights_only loading) read reward nets
-# saved in imitation's format, through imitation's loader too.
 from imitation_accum.io.safe_loading import load_reward_net, save_reward_net
 from imitation_accum.preference import (
     CrossEntropyRewardTrainer,

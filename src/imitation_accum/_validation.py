@@ -1,6 +1,7 @@
 """Argument checks shared by the trainers: clear errors before any training."""
 
-from typing import Optional, Union
+import difflib
+from typing import Iterable, Mapping, Optional, Union
 
 import numpy as np
 
@@ -89,11 +90,12 @@ def positive_finite_float(name: str, value: object) -> float:
     return finite_float(name, value)
 
 
-def forward_size_arg(value: object) -> Union[int, str]:
+def forward_size_arg(value: object, name: str = "forward_size") -> Union[int, str]:
     """Checks the ``forward_size`` argument: a positive int or ``"auto"``.
 
     Args:
         value: The value to check.
+        name: The argument's name, used in the error message.
 
     Returns:
         The value.
@@ -104,7 +106,73 @@ def forward_size_arg(value: object) -> Union[int, str]:
     if value == "auto":
         return "auto"
     if isinstance(value, str):
-        raise ValueError(
-            f"forward_size must be a positive int or 'auto', got {value!r}."
-        )
-    return positive_int("forward_size", value)
+        raise ValueError(f"{name} must be a positive int or 'auto', got {value!r}.")
+    return positive_int(name, value)
+
+
+def non_negative_int(name: str, value: object) -> int:
+    """Returns ``value`` if it is an int of at least 0 (such as a seed).
+
+    Raises:
+        ValueError: naming ``name`` otherwise (bools are rejected too).
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}.")
+    if value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}.")
+    return int(value)
+
+
+def positive_count(name: str, value: object) -> int:
+    """A positive whole number, also written as a float (``1e6`` on a command line).
+
+    Raises:
+        ValueError: naming ``name`` if ``value`` is not a positive whole number.
+    """
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        value = int(value)
+    return positive_int(name, value)
+
+
+def probability(name: str, value: object) -> float:
+    """Returns ``value`` as a float if it is a finite number in [0, 1].
+
+    Raises:
+        ValueError: naming ``name`` otherwise.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.number)
+    ):
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}.")
+    if not np.isfinite(value) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}.")
+    return float(value)
+
+
+def known_names(
+    key: str,
+    given: Mapping[str, object],
+    accepted: Iterable[str],
+    target: str,
+) -> None:
+    """Checks that every name in ``given`` is one ``target`` accepts.
+
+    Args:
+        key: Where ``given`` comes from (a config key such as ``regularizer``).
+        given: The names given, with their values.
+        accepted: The names ``target`` accepts.
+        target: What receives them, for the message.
+
+    Raises:
+        ValueError: naming the first unknown ``key.name``, with near matches.
+    """
+    accepted = list(accepted)
+    for name in given:
+        if name not in accepted:
+            near = difflib.get_close_matches(str(name), accepted, n=3)
+            hint = f"; did you mean {' or '.join(near)}?" if near else ""
+            where = f"{key}.{name}" if key else str(name)
+            raise ValueError(
+                f"{where}: {target} has no argument {name!r}{hint} "
+                f"(it takes: {', '.join(sorted(accepted))})",
+            )

@@ -1,8 +1,7 @@
 """``imitation_accum.checkpoint``: files of a run, kept at this path.
 
 Safe loading, atomic writes and the training state live in
-:mod:`imitation_accum.io`; importing this registers the safe classes, as
-``import imitation_accum`` does.
+:mod:`imitation_accum.io`.
 """
 
 from imitation_accum.io.atomic import (
@@ -13,6 +12,7 @@ from imitation_accum.io.atomic import (
 )
 from imitation_accum.io.safe_loading import (
     SafeGlobal,
+    allowing_reward_nets,
     default_safe_globals,
     load_reward_net,
     register_safe_classes,
@@ -22,6 +22,7 @@ from imitation_accum.io.safe_loading import (
 from imitation_accum.io.training_state import (
     TRAINING_STATE_NAME,
     TrainingState,
+    apply_hyperparameters,
     capture_state,
     check_fits,
     load_training_state,
@@ -35,6 +36,8 @@ __all__ = [
     "AnyPath",
     "SafeGlobal",
     "TrainingState",
+    "allowing_reward_nets",
+    "apply_hyperparameters",
     "atomic_save",
     "capture_state",
     "check_fits",

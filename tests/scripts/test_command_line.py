@@ -3,6 +3,7 @@
 import json
 import pathlib
 import re
+import subprocess
 import sys
 
 import pytest
@@ -60,3 +61,33 @@ def test_adversarial_command_line(tmp_path, algorithm):
     )
     run_dir = check_records(tmp_path, output, "train_adversarial")
     assert (run_dir / "checkpoints" / "final" / "reward_train.pt").is_file()
+
+
+@pytest.mark.parametrize(
+    ("module", "arguments", "expected"),
+    [
+        ("train_adversarial", ["--help"], "imitation's AIRL/GAIL experiment"),
+        ("train_adversarial", ["airl", "--help"], "Trains AIRL (imitation_accum.AIRL)"),
+        ("train_adversarial", ["gail", "-h"], "Trains GAIL (imitation_accum.GAIL)"),
+        (
+            "train_preference_comparisons",
+            ["--help"],
+            "imitation's preference-comparisons experiment, training with this",
+        ),
+        ("train_reward_model", ["--help"], "Trains a reward net offline"),
+        ("train_reward_model", ["print_config"], "collective_timeout_s = 600.0"),
+    ],
+)
+def test_help_and_print_config_exit_zero(tmp_path, module, arguments, expected):
+    done = subprocess.run(
+        [sys.executable, "-m", f"imitation_accum.scripts.{module}", *arguments],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
+    assert expected in done.stdout
+    assert "dummy" not in done.stdout and "No command found" not in done.stdout
+    if arguments == ["--help"]:
+        assert f"python -m imitation_accum.scripts.{module} COMMAND" in done.stdout

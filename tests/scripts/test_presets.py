@@ -2,8 +2,12 @@
 
 import pathlib
 
+import gymnasium as gym
+import numpy as np
 import pytest
+from imitation.data import types
 
+from imitation_accum import PreferenceDataset
 from imitation_accum.scripts import atari_configs, presets
 from imitation_accum.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex as ex,
@@ -77,4 +81,26 @@ def test_full_dataset_is_kept_in_the_frame_store():
     config = atari_configs.preference_config("Pong")
     assert config["comparison_queue_size"] is None  # all 5,000
     dataset = atari_configs.config_host_memory_bytes(config)["dataset"]
-    assert dataset == 5000 * 2 * (100 + 4) * 84 * 84  # 7.3 GB, not 28.5 GB
+    # Measured: two of the configured environment's fragments pushed into a store.
+    env = gym.make(config["environment"]["gym_id"])
+    try:
+        obs = [env.reset(seed=0)[0]]
+        while len(obs) < 2 * config["fragment_length"] + 1:
+            obs.append(env.step(env.action_space.sample())[0])
+    finally:
+        env.close()
+    length = config["fragment_length"]
+
+    def fragment(start: int) -> types.TrajectoryWithRew:
+        return types.TrajectoryWithRew(
+            obs=np.stack(obs[start : start + length + 1]),
+            acts=np.zeros(length, dtype=np.int64),
+            infos=None,
+            terminal=False,
+            rews=np.zeros(length, dtype=np.float32),
+        )
+
+    store = PreferenceDataset()
+    store.push([(fragment(0), fragment(length))], np.array([0.5], np.float32))
+    assert dataset == config["total_comparisons"] * store.nbytes["frames"]
+    assert dataset < 8 * 10**9  # 7.3 GB where imitation's copies need 28.5 GB

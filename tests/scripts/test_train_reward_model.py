@@ -16,6 +16,7 @@ from imitation.data import rollout
 from imitation.rewards import reward_nets, serialize
 from imitation.util import util
 
+import imitation_accum
 from imitation_accum import PreferenceDataset, checkpoint, distributed
 from imitation_accum.distributed import process_group
 from imitation_accum.scripts import train_reward_model as script
@@ -157,7 +158,7 @@ def test_batch_smaller_than_the_processes_is_named(
     monkeypatch.setattr(
         process_group,
         "init_distributed",
-        lambda device, backend=None: distributed.DistributedContext(world_size=4),
+        lambda device, **options: distributed.DistributedContext(world_size=4),
     )
     with pytest.raises(
         distributed.RankFailedError,
@@ -338,10 +339,11 @@ def test_trains_on_atari_preferences_saved_by_this_package(tmp_path):
     assert all(np.isfinite(h["loss"]) for h in result.result["held_out"])
     net = checkpoint.load_reward_net(result.result["reward_net"])
     assert any(isinstance(m, reward_nets.CnnRewardNet) for m in net.modules())
-    # imitation's own loader reads it (torch >= 2.6 loads with weights_only).
-    reward_fn = serialize.load_reward(
-        "RewardNet_unnormalized", result.result["reward_net"], None
-    )
+    # imitation's own loader reads it, patched (torch >= 2.6: weights_only).
+    with imitation_accum.patched():
+        reward_fn = serialize.load_reward(
+            "RewardNet_unnormalized", result.result["reward_net"], None
+        )
     frames = dataset.fragments1[0].obs[:3]
     rewards = reward_fn(frames, np.zeros(3, int), frames, np.zeros(3, bool))
     assert rewards.shape == (3,) and np.isfinite(rewards).all()

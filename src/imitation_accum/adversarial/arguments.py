@@ -1,18 +1,20 @@
 """What an adversarial trainer is given: minibatch sizes, observation layouts."""
 
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import gymnasium as gym
 import torch as th
 from stable_baselines3.common import preprocessing
 
 from imitation_accum import _validation
+from imitation_accum.planning import budget
 
 
 def resolve_minibatch_size(
     demo_minibatch_size: object,
     minibatch_size: object,
     demo_batch_size: int,
+    prefix: str = "",
 ) -> Optional[int]:
     """Checks ``demo_minibatch_size`` and its alias ``minibatch_size``.
 
@@ -20,6 +22,7 @@ def resolve_minibatch_size(
         demo_minibatch_size: imitation's name for the minibatch size.
         minibatch_size: The alias.
         demo_batch_size: The batch size the minibatch must not exceed.
+        prefix: Prepended to each name in messages (``algorithm_kwargs.``).
 
     Returns:
         The minibatch size, or ``None`` for the whole batch.
@@ -31,22 +34,68 @@ def resolve_minibatch_size(
     given = {
         name: _validation.positive_int(name, value)
         for name, value in (
-            ("demo_minibatch_size", demo_minibatch_size),
-            ("minibatch_size", minibatch_size),
+            (f"{prefix}demo_minibatch_size", demo_minibatch_size),
+            (f"{prefix}minibatch_size", minibatch_size),
         )
         if value is not None
     }
     if len(set(given.values())) > 1:
         raise ValueError(
-            f"demo_minibatch_size={demo_minibatch_size!r} and "
-            f"minibatch_size={minibatch_size!r} disagree: minibatch_size is an "
-            "alias of demo_minibatch_size; give one of them.",
+            f"{prefix}demo_minibatch_size={demo_minibatch_size!r} and "
+            f"{prefix}minibatch_size={minibatch_size!r} disagree: minibatch_size "
+            "is an alias of demo_minibatch_size; give one of them.",
         )
     if not given:
         return None
     name, value = next(iter(given.items()))
-    _validation.minibatch_within_batch(name, value, "demo_batch_size", demo_batch_size)
+    _validation.minibatch_within_batch(
+        name, value, f"{prefix}demo_batch_size", demo_batch_size
+    )
     return value
+
+
+def check_algorithm_values(kwargs: Mapping[str, Any], prefix: str = "") -> None:
+    """Checks the values of an AIRL/GAIL trainer's keyword arguments.
+
+    What the constructors check, checked from a config before anything is
+    built, each message naming ``prefix + name``.
+
+    Args:
+        kwargs: Keyword arguments of ``imitation_accum.AIRL`` or ``GAIL``.
+        prefix: Prepended to each name (``algorithm_kwargs.``).
+
+    Raises:
+        ValueError: naming the first invalid argument, or the minibatch size and
+            memory budget given together.
+    """
+    batch = _validation.positive_int(
+        f"{prefix}demo_batch_size", kwargs.get("demo_batch_size")
+    )
+    chunk = resolve_minibatch_size(
+        kwargs.get("demo_minibatch_size"), kwargs.get("minibatch_size"), batch, prefix
+    )
+    parsed = budget.parse_budget(kwargs.get("memory_budget"), f"{prefix}memory_budget")
+    if parsed is not None and chunk is not None:
+        raise ValueError(
+            f"{prefix}demo_minibatch_size (or minibatch_size)={chunk!r} and "
+            f"{prefix}memory_budget={kwargs.get('memory_budget')!r} are "
+            "alternatives: give one of them",
+        )
+    if kwargs.get("max_grad_norm") is not None:
+        _validation.positive_finite_float(
+            f"{prefix}max_grad_norm", kwargs["max_grad_norm"]
+        )
+    if "n_disc_updates_per_round" in kwargs:
+        _validation.positive_int(
+            f"{prefix}n_disc_updates_per_round", kwargs["n_disc_updates_per_round"]
+        )
+    if kwargs.get("gen_train_timesteps") is not None:
+        _validation.positive_count(
+            f"{prefix}gen_train_timesteps", kwargs["gen_train_timesteps"]
+        )
+    options = kwargs.get("disc_opt_kwargs")
+    if options is not None and not isinstance(options, Mapping):
+        raise ValueError(f"{prefix}disc_opt_kwargs must be None or a dict")
 
 
 def policy_observations(obs: th.Tensor, space: gym.Space) -> th.Tensor:

@@ -162,6 +162,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             self._disc_opt,
             "the discriminator's parameters, gradients and optimizer state",
         )
+        budget.check_fits_device(parsed_budget, self._reward_net.device)
 
     @property
     def engine(

@@ -2,9 +2,14 @@
 
 import contextlib
 import dataclasses
+import datetime
+import math
 import os
+import time
 from typing import (
+    Any,
     Iterator,
+    List,
     Mapping,
     Optional,
     TypeVar,
@@ -18,6 +23,13 @@ import torch.distributed as dist
 ChunkT = TypeVar("ChunkT")
 
 _TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+#: Seconds a collective waits for the other ranks before the job fails (gloo's
+#: own default, 30 minutes, leaves a job with a stopped rank hanging that long).
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+
+#: Store keys by which ranks that timed out say so, to name the ones that did not.
+_TIMED_OUT_KEY = "imitation_accum/timed_out/{rank}"
 
 
 class RankFailedError(RuntimeError):
@@ -36,6 +48,8 @@ class DistributedContext:
     """``"gloo"`` or ``"nccl"``; ``None`` for a single process."""
     owns_group: bool = False
     """Whether :func:`init_distributed` created the process group."""
+    timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+    """How long a collective waits for the other ranks."""
 
     @property
     def distributed(self) -> bool:
@@ -96,10 +110,27 @@ def backend_for(device: th.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+def check_timeout(name: str, value: object) -> float:
+    """Checks a collective timeout: a positive, finite number of seconds.
+
+    Raises:
+        ValueError: naming ``name`` otherwise.
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
 def init_distributed(
     device: Union[str, th.device] = "auto",
     *,
     backend: Optional[str] = None,
+    timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
 ) -> DistributedContext:
     """Joins the process group described by the environment, if there is one.
 
@@ -111,17 +142,23 @@ def init_distributed(
     Args:
         device: See :func:`resolve_device`.
         backend: Force a backend.
+        timeout_s: How long a collective waits for the other ranks before it
+            fails (a rank that stopped or hangs then ends the job).
 
     Returns:
         The process's context.
     """
+    timeout_s = check_timeout("timeout_s", timeout_s)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     resolved = resolve_device(device, local_rank)
     if resolved.type == "cuda":
         th.cuda.set_device(resolved)
     owns = False
     if not dist.is_initialized() and launched_by_torchrun():
-        dist.init_process_group(backend or backend_for(resolved))
+        dist.init_process_group(
+            backend or backend_for(resolved),
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
         owns = True
     if not dist.is_initialized():
         return DistributedContext(device=resolved)
@@ -132,6 +169,7 @@ def init_distributed(
         device=resolved,
         backend=str(dist.get_backend()),
         owns_group=owns,
+        timeout_s=timeout_s,
     )
 
 
@@ -149,13 +187,68 @@ def _record_for_torchrun(error: BaseException) -> None:
         errors.ErrorHandler().record_exception(error)
 
 
+def _is_timeout(error: BaseException) -> bool:
+    backend_error = getattr(dist, "DistBackendError", None)
+    text = str(error).lower()
+    return (backend_error is not None and isinstance(error, backend_error)) or (
+        "timed out" in text or "timeout" in text
+    )
+
+
+def _store() -> Any:
+    # The default group's key-value store (torchrun's rendezvous store): a channel
+    # that still works when a collective has timed out.
+    getter = getattr(dist.distributed_c10d, "_get_default_store", None)
+    return None if getter is None else getter()
+
+
+def _unresponsive_ranks(context: DistributedContext, grace_s: float) -> List[int]:
+    """Ranks that did not also time out within ``grace_s``: stopped or stuck.
+
+    Every rank whose collective times out records so in the store; the ranks
+    that waited time out at about the same moment, the one they waited for
+    does not.
+    """
+    try:
+        store = _store()
+        if store is None:
+            return []
+        store.set(_TIMED_OUT_KEY.format(rank=context.rank), "1")
+        others = [r for r in range(context.world_size) if r != context.rank]
+        deadline = time.monotonic() + grace_s
+        while True:
+            missing = [
+                r for r in others if not store.check([_TIMED_OUT_KEY.format(rank=r)])
+            ]
+            if not missing or time.monotonic() >= deadline:
+                return missing
+            time.sleep(0.2)
+    except Exception:  # the store is gone too: nothing more to say
+        return []
+
+
+def _timeout_message(context: DistributedContext) -> str:
+    grace = min(30.0, max(2.0, context.timeout_s / 10))
+    missing = _unresponsive_ranks(context, grace)
+    if missing:
+        ranks = ", ".join(str(r) for r in missing)
+        who = f"rank {ranks} did" if len(missing) == 1 else f"ranks {ranks} did"
+        return (
+            f"a collective timed out after {context.timeout_s:g} s: {who} not "
+            "reach it (stopped or stuck)"
+        )
+    return f"a collective timed out after {context.timeout_s:g} s"
+
+
 @contextlib.contextmanager
 def reporting_failures(context: DistributedContext) -> Iterator[None]:
     """Re-raises an error of a distributed run with this process's rank in it.
 
     The error is also recorded for ``torchrun``, whose summary then names the
     first rank that failed and its error; ``torchrun`` stops the other ranks and
-    exits non-zero. In a single process errors pass through unchanged.
+    exits non-zero. A collective that timed out (a rank stopped or hangs) also
+    names the ranks that did not reach it. In a single process errors pass
+    through unchanged.
 
     Args:
         context: This process's context.
@@ -171,9 +264,11 @@ def reporting_failures(context: DistributedContext) -> Iterator[None]:
     except Exception as error:
         if not context.distributed:
             raise
+        detail = f"{type(error).__name__}: {error}"
+        if _is_timeout(error):
+            detail = f"{_timeout_message(context)} ({detail})"
         failure = RankFailedError(
-            f"rank {context.rank} of {context.world_size} failed: "
-            f"{type(error).__name__}: {error}",
+            f"rank {context.rank} of {context.world_size} failed: {detail}",
         )
         _record_for_torchrun(failure)
         raise failure from error
@@ -184,6 +279,7 @@ def distributed_session(
     device: Union[str, th.device] = "auto",
     *,
     backend: Optional[str] = None,
+    timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
 ) -> Iterator[DistributedContext]:
     """:func:`init_distributed`, :func:`reporting_failures`, then a clean exit.
 
@@ -194,6 +290,7 @@ def distributed_session(
     Args:
         device: See :func:`resolve_device`.
         backend: Force a backend.
+        timeout_s: See :func:`init_distributed`.
 
     Yields:
         This process's context.
@@ -203,7 +300,7 @@ def distributed_session(
         ...     trainer = DistributedRewardTrainer(model, loss, rng)
         ...     trainer.train(dataset)
     """
-    context = init_distributed(device, backend=backend)
+    context = init_distributed(device, backend=backend, timeout_s=timeout_s)
     with reporting_failures(context):
         yield context
     shutdown_distributed(context)
@@ -245,3 +342,31 @@ def check_batch_size(name: str, batch_size: int, world_size: int) -> None:
             f"({world_size}): every process needs at least one pair of a full "
             "batch. Raise the batch size or start fewer processes.",
         )
+
+
+def check_same_on_every_rank(
+    context: DistributedContext,
+    what: str,
+    value: str,
+    shown: Optional[str] = None,
+    advice: str = "",
+) -> None:
+    """Checks that every rank holds the same ``value`` (such as a data fingerprint).
+
+    Args:
+        context: This process's context.
+        what: What the value is, for the message (``"the data"``).
+        value: This rank's value.
+        shown: How to show this rank's value in the message (default: itself).
+        advice: What to do about a difference, appended to the message.
+
+    Raises:
+        ValueError: naming every rank's value, if they differ.
+    """
+    if not context.distributed:
+        return
+    gathered: List[Any] = [None] * context.world_size
+    dist.all_gather_object(gathered, (value, value if shown is None else shown))
+    if len({v for v, _ in gathered}) > 1:
+        listed = "; ".join(f"rank {r}: {s}" for r, (_, s) in enumerate(gathered))
+        raise ValueError(f"the ranks disagree on {what} ({listed}){advice}")

@@ -17,7 +17,11 @@ with this package's exact accumulation. While patched, in imitation's modules:
 - ``data.huggingface_utils.TrajectoryDatasetSequence`` (what
   ``data.serialize.load`` returns) is this package's
   :class:`~imitation_accum.integrations.demonstrations.TrajectoryDatasetSequence`,
-  which loads saved uint8 frames as uint8 (imitation's makes them int64).
+  which loads saved uint8 frames as uint8 (imitation's makes them int64);
+- ``rewards.serialize.load_reward`` loads with the reward-net classes allowed
+  (:func:`~imitation_accum.io.safe_loading.allowing_reward_nets`), so on torch
+  2.6 and later, which load with ``weights_only=True``, it reads the reward nets
+  imitation saves. Outside it, torch's allow-list is untouched.
 
 imitation's reward ingredient always gives its nets a ``normalize_input_layer``,
 which CNN reward nets reject; while patched, the ingredient leaves it out for them
@@ -57,11 +61,13 @@ def _replacements() -> Dict[_Target, Any]:
     from imitation.algorithms import preference_comparisons as pc
     from imitation.algorithms.adversarial import airl, gail
     from imitation.data import huggingface_utils
+    from imitation.rewards import serialize
     from imitation.scripts.ingredients import reward as reward_ingredient
 
     import imitation_accum
     from imitation_accum.integrations import demonstrations
-    from imitation_accum.scripts import ingredients
+    from imitation_accum.integrations import reward_ingredient as ingredients
+    from imitation_accum.io import safe_loading
 
     return {
         (pc.__name__, "_make_reward_trainer"): imitation_accum.make_reward_trainer,
@@ -75,6 +81,9 @@ def _replacements() -> Dict[_Target, Any]:
         ),
         (huggingface_utils.__name__, "TrajectoryDatasetSequence"): (
             demonstrations.TrajectoryDatasetSequence
+        ),
+        (serialize.__name__, "load_reward"): safe_loading.loading_reward_nets(
+            serialize.load_reward
         ),
     }
 
@@ -100,9 +109,9 @@ def patch() -> None:
         module = importlib.import_module(module_name)
         _originals[(module_name, attribute)] = getattr(module, attribute)
         setattr(module, attribute, replacement)
-    from imitation_accum.scripts import ingredients
+    from imitation_accum.integrations import reward_ingredient
 
-    _undo.append(ingredients.add_reward_config_hook())
+    _undo.append(reward_ingredient.add_reward_config_hook())
 
 
 def unpatch() -> None:

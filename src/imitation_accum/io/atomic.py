@@ -1,14 +1,18 @@
 """Atomic files: a reader sees the old file or the new one, never a part of one.
 
 A file is written to a temporary file in the same directory, flushed and
-``fsync``-ed, then ``os.replace``-d over the target.
+``fsync``-ed, then ``os.replace``-d over the target. SIGTERM and SIGINT that
+arrive during a write take effect once it is done (its temporary file renamed or
+removed), so a stopped process leaves no temporary file behind.
 """
 
 import contextlib
 import os
 import pathlib
 import secrets
-from typing import Any, List, Tuple, Union
+import signal
+import threading
+from typing import Any, Iterator, List, Tuple, Union
 
 import torch as th
 
@@ -45,19 +49,50 @@ def atomic_save(obj: Any, path: AnyPath) -> pathlib.Path:
     """
     target = pathlib.Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = _make_temporary(target)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            th.save(obj, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
+    with _stop_signals_deferred():
+        fd, temporary = _make_temporary(target)
+        try:
+            with os.fdopen(fd, "wb") as file:
+                th.save(obj, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
     _fsync_directory(target.parent)
     return target
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _stop_signals_deferred() -> Iterator[None]:
+    """Holds SIGTERM and SIGINT back until the block ends, then delivers them.
+
+    Python runs signal handlers between bytecodes of the main thread, so a
+    handler that exits (as the scripts' SIGTERM handler does) could otherwise
+    run between creating the temporary file and the ``try`` that removes it.
+    Outside the main thread handlers cannot be changed, and nothing is deferred.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: List[int] = []
+    previous = {}
+    for signum in _STOP_SIGNALS:
+        previous[signum] = signal.signal(
+            signum, lambda number, frame: received.append(number)
+        )
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for number in dict.fromkeys(received):
+            signal.raise_signal(number)
 
 
 def _make_temporary(target: pathlib.Path) -> Tuple[int, str]:

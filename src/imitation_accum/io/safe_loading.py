@@ -8,22 +8,27 @@ torch 2.6 and later load with ``weights_only=True`` by default, which refuses th
 pickled module imitation 1.0.1 saves and loads, so ``load_reward`` fails on every
 reward net. A file format that both keeps imitation's loader working and avoids
 pickled classes does not exist (a TorchScript archive is refused by
-``weights_only`` loading, a ``state_dict`` is not a module), so importing this
-module (which ``import imitation_accum`` does) registers, with
-``torch.serialization.add_safe_globals``, the classes that a reward net built from
-imitation's and torch's layers pickles: imitation's reward nets and norm layers,
-torch's ``nn`` layers, gymnasium's spaces and the numpy types they hold. Nothing
-else is allowed, so loading stays safe; a net of another class needs
-:func:`register_safe_classes` (or, for a trusted file, ``weights_only=False``).
+``weights_only`` loading, a ``state_dict`` is not a module), so this package's
+loads, and imitation's ``load_reward`` while :func:`imitation_accum.patch` is in
+effect, run inside :func:`allowing_reward_nets`: a
+``torch.serialization.safe_globals`` block that allows the classes a reward net
+built from imitation's and torch's layers pickles (imitation's reward nets and
+norm layers, torch's ``nn`` layers, gymnasium's spaces and the numpy types they
+hold). Nothing else is allowed, and nothing is allowed outside those loads:
+importing this package leaves torch's allow-list as it was. A net of another
+class needs :func:`register_safe_classes` (or, for a trusted file,
+``weights_only=False``).
 """
 
+import contextlib
 import copy
+import functools
 import importlib
 import inspect
 import pathlib
 import pickle
 import warnings
-from typing import Any, Callable, List, Mapping, Tuple, Union
+from typing import Any, Callable, Iterator, List, Mapping, Tuple, TypeVar, Union
 
 import gymnasium as gym
 import numpy as np
@@ -37,6 +42,11 @@ from imitation_accum.io.atomic import AnyPath, atomic_save
 from imitation_accum.nets import shaped as accum_reward_nets
 
 SafeGlobal = Union[Callable[..., Any], Tuple[Callable[..., Any], str]]
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+#: Classes registered with :func:`register_safe_classes`, allowed in this
+#: package's loads on top of :func:`default_safe_globals`.
+_registered: List[SafeGlobal] = []
 
 
 def _module_classes(namespace: Mapping[str, Any]) -> List[type]:
@@ -112,10 +122,11 @@ def default_safe_globals() -> List[SafeGlobal]:
 
 
 def register_safe_classes(*classes: SafeGlobal) -> None:
-    """Lets ``torch.load(weights_only=True)`` rebuild objects of ``classes``.
+    """Lets this package's loads rebuild objects of ``classes``.
 
     Call it, before loading, for a reward net of a class of your own (and any
-    class it holds): imitation's loader and :func:`load_reward_net` then load it.
+    class it holds): :func:`load_reward_net`, and imitation's loader while
+    patched, then load it. torch's own allow-list is not changed.
 
     Args:
         *classes: Classes or functions, or ``(object, "module.name")`` pairs.
@@ -123,10 +134,44 @@ def register_safe_classes(*classes: SafeGlobal) -> None:
     Example:
         >>> register_safe_classes(MyRewardNet)  # doctest: +SKIP
     """
-    th.serialization.add_safe_globals(list(classes))
+    _registered.extend(c for c in classes if c not in _registered)
 
 
-register_safe_classes(*default_safe_globals())
+@functools.cache
+def _defaults() -> Tuple[SafeGlobal, ...]:
+    return tuple(default_safe_globals())
+
+
+@contextlib.contextmanager
+def allowing_reward_nets() -> Iterator[None]:
+    """A block in which ``torch.load(weights_only=True)`` rebuilds reward nets.
+
+    The classes of :func:`default_safe_globals` and those registered with
+    :func:`register_safe_classes` are allowed until the block ends.
+
+    Yields:
+        Nothing.
+    """
+    with th.serialization.safe_globals([*_defaults(), *_registered]):
+        yield
+
+
+def loading_reward_nets(function: _Function) -> _Function:
+    """``function``, run inside :func:`allowing_reward_nets` (for imitation's loader).
+
+    Args:
+        function: Such as ``imitation.rewards.serialize.load_reward``.
+
+    Returns:
+        A function with the same signature.
+    """
+
+    @functools.wraps(function)
+    def load(*args: Any, **kwargs: Any) -> Any:
+        with allowing_reward_nets():
+            return function(*args, **kwargs)
+
+    return load  # type: ignore[return-value]
 
 
 def unwrapped(net: nn.Module) -> nn.Module:
@@ -181,7 +226,8 @@ def unsafe_globals(path: AnyPath) -> List[str]:
     if finder is None:  # torch < 2.5
         return []
     try:
-        return sorted(finder(str(path)))
+        with allowing_reward_nets():
+            return sorted(finder(str(path)))
     except Exception:  # not a torch.save file: nothing to name
         return []
 
@@ -213,7 +259,8 @@ def load_reward_net(
     if not source.is_file():
         raise ValueError(f"reward net file {str(source)!r} does not exist")
     try:
-        net = th.load(source, map_location=map_location, weights_only=weights_only)
+        with allowing_reward_nets():
+            net = th.load(source, map_location=map_location, weights_only=weights_only)
     except pickle.UnpicklingError as error:
         unknown = unsafe_globals(source)
         detail = f" It holds unregistered classes: {', '.join(unknown)}." * bool(

@@ -8,7 +8,7 @@ atomically (:mod:`imitation_accum.io.atomic`).
 import copy
 import dataclasses
 import pathlib
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch as th
 from imitation.algorithms import preference_comparisons as pc
@@ -43,6 +43,8 @@ class TrainingState:
     """torch's CPU generator (dropout)."""
     regularizer_lambda: Optional[float] = None
     """The regularizer's lambda, which its updater changes during training."""
+    cuda_rng_states: Optional[List[th.Tensor]] = None
+    """torch's generator of every CUDA device, if CUDA was available."""
     metadata: Dict[str, Any] = dataclasses.field(default_factory=dict)
     """Plain values describing the run (dataset size, split), checked on resume."""
 
@@ -78,6 +80,7 @@ def capture_state(
         optimizer_state=copy.deepcopy(trainer.optim.state_dict()),
         rng_state=copy.deepcopy(dict(trainer.rng.bit_generator.state)),
         torch_rng_state=th.get_rng_state(),
+        cuda_rng_states=th.cuda.get_rng_state_all() if th.cuda.is_available() else None,
         regularizer_lambda=None if regularizer is None else float(regularizer.lambda_),
         metadata=dict(metadata or {}),
     )
@@ -98,6 +101,15 @@ def save_training_state(state: TrainingState, path: AnyPath) -> pathlib.Path:
     return atomic_save(payload, path)
 
 
+def _pickled_classes(path: pathlib.Path) -> List[str]:
+    """The classes a ``torch.save`` file pickles (empty if it cannot tell)."""
+    finder = getattr(th.serialization, "get_unsafe_globals_in_checkpoint", None)
+    try:
+        return sorted(finder(str(path))) if finder is not None else []
+    except Exception:  # not a torch.save file
+        return []
+
+
 def load_training_state(path: AnyPath) -> TrainingState:
     """Reads a state written by :func:`save_training_state`.
 
@@ -116,6 +128,14 @@ def load_training_state(path: AnyPath) -> TrainingState:
     try:
         payload = th.load(source, map_location="cpu", weights_only=True)
     except Exception as error:
+        classes = _pickled_classes(source)
+        if classes:  # a training state holds none: this is something else
+            raise ValueError(
+                f"{str(source)!r} is not a training state written by "
+                f"imitation_accum: it pickles {', '.join(classes[:3])}"
+                f"{', ...' * (len(classes) > 3)} (for a reward net alone, use "
+                "load_reward_net)",
+            ) from error
         raise ValueError(
             f"cannot read checkpoint {str(source)!r}: {type(error).__name__}: {error}",
         ) from error
@@ -130,12 +150,17 @@ def load_training_state(path: AnyPath) -> TrainingState:
             f"{payload.get('version')}; this version reads {_STATE_VERSION}",
         )
     fields = {f.name for f in dataclasses.fields(TrainingState)}
-    missing = fields - set(payload)
+    required = {
+        f.name
+        for f in dataclasses.fields(TrainingState)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    missing = required - set(payload)
     if missing:
         raise ValueError(
             f"checkpoint {str(source)!r} lacks {', '.join(sorted(missing))}",
         )
-    return TrainingState(**{k: payload[k] for k in fields})
+    return TrainingState(**{k: payload[k] for k in fields if k in payload})
 
 
 def check_fits(state: TrainingState, net: nn.Module, path: AnyPath) -> None:
@@ -219,5 +244,49 @@ def restore_state(
         ) from error
     trainer.rng.bit_generator.state = state.rng_state
     th.set_rng_state(state.torch_rng_state)
+    _restore_cuda_rng(state.cuda_rng_states)
     if regularizer is not None:
         regularizer.lambda_ = state.regularizer_lambda
+
+
+def _restore_cuda_rng(states: Optional[List[th.Tensor]]) -> None:
+    """Puts back the CUDA generators saved, on the devices both runs have."""
+    if not states or not th.cuda.is_available():
+        return
+    for index in range(min(len(states), th.cuda.device_count())):
+        th.cuda.set_rng_state(states[index], index)
+
+
+def apply_hyperparameters(
+    optimizer: th.optim.Optimizer,
+    values: Mapping[str, Any],
+) -> Dict[str, Tuple[Any, Any]]:
+    """Sets this run's optimizer hyperparameters over those a checkpoint restored.
+
+    Loading an optimizer's state also loads its hyperparameters (``lr``,
+    ``weight_decay``, ...); a resumed run configured with other values then
+    trains with the checkpoint's while its config records its own. This puts the
+    configured values back into every parameter group.
+
+    Args:
+        optimizer: The optimizer, its state just restored.
+        values: The configured hyperparameters (``lr`` and ``optimizer_kwargs``).
+
+    Returns:
+        Each hyperparameter that changed: ``name -> (checkpoint's, configured)``.
+    """
+    changed: Dict[str, Tuple[Any, Any]] = {}
+    for name, value in values.items():
+        for group in optimizer.param_groups:
+            if name not in group:
+                continue
+            old = group[name]
+            same = (
+                tuple(old) == tuple(value)
+                if isinstance(old, (list, tuple)) and isinstance(value, (list, tuple))
+                else old == value
+            )
+            if not same:
+                changed.setdefault(name, (old, value))
+                group[name] = type(old)(value) if isinstance(old, tuple) else value
+    return changed

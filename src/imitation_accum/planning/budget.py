@@ -263,3 +263,78 @@ def check_holds_training_state(
             f"memory_budget={format_bytes(memory_budget)} is smaller than the "
             f"{format_bytes(needed)} that {what} need",
         )
+
+
+def device_total_bytes(device: th.device) -> int:
+    """All the memory of ``device``: a GPU's total, or the host's physical memory.
+
+    Returns:
+        Bytes (0 if they cannot be read).
+    """
+    if device.type == "cuda":
+        return int(th.cuda.get_device_properties(device).total_memory)
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def machine_bytes() -> int:
+    """The most memory any device of this machine has: the host's or a GPU's.
+
+    Returns:
+        The larger of the host's physical memory and the largest GPU's total
+        memory (0 if neither can be read).
+    """
+    sizes = [device_total_bytes(th.device("cpu"))]
+    if th.cuda.is_available():
+        sizes += [
+            device_total_bytes(th.device("cuda", index))
+            for index in range(th.cuda.device_count())
+        ]
+    return max(sizes)
+
+
+def beyond_memory(
+    memory_budget: Optional[Budget],
+    total: int,
+    where: str,
+    name: str = "memory_budget",
+) -> Optional[str]:
+    """Says so if a budget in bytes is larger than ``total``.
+
+    Such a budget plans chunks that cannot fit, and fails only once training
+    allocates them; a typo (``"600GiB"`` for ``"6GiB"``) is the usual cause.
+
+    Args:
+        memory_budget: The parsed budget (``None`` and ``"auto"`` pass).
+        total: The memory there is, in bytes (0: unknown, nothing said).
+        where: Whose memory that is, for the message.
+        name: The argument's name, for the message.
+
+    Returns:
+        The message, or ``None`` if the budget fits.
+    """
+    if not isinstance(memory_budget, int) or not total or memory_budget <= total:
+        return None
+    return (
+        f"{name}={format_bytes(memory_budget)} is more than {where} has "
+        f"({format_bytes(total)}): give a smaller budget, or 'auto'"
+    )
+
+
+def check_fits_device(
+    memory_budget: Optional[Budget],
+    device: th.device,
+    name: str = "memory_budget",
+) -> None:
+    """Refuses a budget in bytes larger than all of ``device``'s memory.
+
+    Raises:
+        ValueError: naming ``name``, the budget and the device's memory.
+    """
+    message = beyond_memory(
+        memory_budget, device_total_bytes(device), f"the {device} device", name
+    )
+    if message is not None:
+        raise ValueError(message)

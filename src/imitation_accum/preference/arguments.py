@@ -1,11 +1,18 @@
-"""Checks of a preference trainer's arguments, made before anything is built."""
+"""Checks of a preference trainer's arguments, made before anything is built.
 
-from typing import Any, Optional
+The same checks serve the trainers' constructors and the config hooks of the
+experiments (:func:`check_trainer_values`, :func:`check_preference_model_values`),
+which name the full config key (``reward_trainer_kwargs.lr``).
+"""
+
+import inspect
+from typing import Any, Mapping, Optional
 
 import numpy as np
 from imitation.algorithms import preference_comparisons as pc
 
 from imitation_accum import _validation
+from imitation_accum.engine import precision
 from imitation_accum.planning import budget
 
 
@@ -29,6 +36,14 @@ def check_preference_model(model: pc.PreferenceModel, *, ensemble: bool) -> None
                 f"{type(model).__name__} overrides PreferenceModel.{method}; this "
                 "trainer computes imitation's preference model and would ignore it",
             )
+    check_preference_model_values(
+        {
+            "noise_prob": model.noise_prob,
+            "discount_factor": model.discount_factor,
+            "threshold": model.threshold,
+        },
+        "preference_model.",
+    )
     if ensemble and model.ensemble_model is None:
         raise TypeError(
             "PreferenceModel of a RewardEnsemble expected by EnsembleTrainer.",
@@ -55,12 +70,50 @@ def check_loss_and_rng(loss: pc.RewardLoss, rng: Any) -> None:
         raise TypeError(f"rng must be a numpy Generator, got {type(rng).__name__}")
 
 
+def check_preference_model_values(
+    kwargs: Mapping[str, Any],
+    prefix: str = "",
+) -> None:
+    """Checks the arguments of imitation's ``PreferenceModel`` (but the model).
+
+    ``noise_prob`` outside [0, 1] inverts or breaks the preference model, and a
+    discount factor outside [0, 1] weighs later rewards without bound.
+
+    Args:
+        kwargs: Some of ``noise_prob``, ``discount_factor`` and ``threshold``.
+        prefix: Prepended to each name in messages (``preference_model_kwargs.``).
+
+    Raises:
+        ValueError: naming the unknown argument (with near matches) or the value
+            out of range.
+    """
+    accepted = [
+        name
+        for name in inspect.signature(pc.PreferenceModel.__init__).parameters
+        if name not in ("self", "model")
+    ]
+    _validation.known_names(prefix.rstrip("."), kwargs, accepted, "PreferenceModel")
+    if "noise_prob" in kwargs:
+        _validation.probability(f"{prefix}noise_prob", kwargs["noise_prob"])
+    if "discount_factor" in kwargs:
+        _validation.probability(f"{prefix}discount_factor", kwargs["discount_factor"])
+    if "threshold" in kwargs:
+        _validation.positive_finite_float(f"{prefix}threshold", kwargs["threshold"])
+
+
 def check_minibatching(
     batch_size: object,
     minibatch_size: object,
     memory_budget: object,
+    prefix: str = "",
 ) -> "tuple[int, Optional[int], Optional[budget.Budget]]":
     """Checks ``batch_size``, ``minibatch_size`` and ``memory_budget`` together.
+
+    Args:
+        batch_size: Pairs per step.
+        minibatch_size: Pairs per forward/backward, or ``None``.
+        memory_budget: A budget, or ``None``.
+        prefix: Prepended to each name in messages (``reward_trainer_kwargs.``).
 
     Returns:
         The three, checked (the budget parsed).
@@ -69,16 +122,99 @@ def check_minibatching(
         ValueError: if a value is out of range, or both a minibatch size and a
             budget are given.
     """
-    batch = _validation.positive_int("batch_size", batch_size)
-    minibatch = _validation.optional_positive_int("minibatch_size", minibatch_size)
-    _validation.minibatch_within_batch("minibatch_size", minibatch, "batch_size", batch)
-    parsed = budget.parse_budget(memory_budget)
+    batch_name = f"{prefix}batch_size"
+    minibatch_name = f"{prefix}minibatch_size"
+    budget_name = f"{prefix}memory_budget"
+    batch = _validation.positive_int(batch_name, batch_size)
+    minibatch = _validation.optional_positive_int(minibatch_name, minibatch_size)
+    _validation.minibatch_within_batch(minibatch_name, minibatch, batch_name, batch)
+    parsed = budget.parse_budget(memory_budget, budget_name)
     if parsed is not None and minibatch is not None:
         raise ValueError(
-            f"minibatch_size={minibatch_size!r} and memory_budget="
+            f"{minibatch_name}={minibatch_size!r} and {budget_name}="
             f"{memory_budget!r} are alternatives: give one of them",
         )
     return batch, minibatch, parsed
+
+
+def check_optimizer_kwargs(
+    name: str,
+    value: object,
+    optimizer_cls: Optional[type] = None,
+) -> None:
+    """Checks ``optimizer_kwargs``: ``None`` or a dict of the optimizer's arguments.
+
+    Args:
+        name: The argument's (or config key's) name.
+        value: Its value.
+        optimizer_cls: The optimizer, to check the names against (if known).
+
+    Raises:
+        ValueError: if ``value`` is not a mapping, holds ``params``, or names an
+            argument ``optimizer_cls`` does not take (with near matches).
+    """
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be None or a dict, got {value!r}")
+    if "params" in value:
+        raise ValueError(f"{name}.params: the trainer passes the parameters itself")
+    if optimizer_cls is None:
+        return
+    params = inspect.signature(optimizer_cls).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = [n for n in params if n not in ("self", "params")]
+    _validation.known_names(name, value, accepted, optimizer_cls.__name__)
+    if "lr" in value:
+        _validation.finite_float(f"{name}.lr", value["lr"], allow_zero=True)
+
+
+def check_trainer_values(
+    kwargs: Mapping[str, Any],
+    prefix: str = "",
+    optimizer_cls: Optional[type] = None,
+) -> None:
+    """Checks the values of a preference trainer's keyword arguments.
+
+    What the constructor checks, checked from a config before anything is
+    built, each message naming ``prefix + name``. Arguments not given are not
+    checked (their defaults are valid).
+
+    Args:
+        kwargs: Keyword arguments of ``CrossEntropyRewardTrainer``.
+        prefix: Prepended to each name (``reward_trainer_kwargs.``).
+        optimizer_cls: The optimizer class, to check ``optimizer_kwargs`` against.
+
+    Raises:
+        ValueError: naming the first invalid argument.
+    """
+    check_minibatching(
+        kwargs.get("batch_size", 32),
+        kwargs.get("minibatch_size"),
+        kwargs.get("memory_budget"),
+        prefix,
+    )
+    if "epochs" in kwargs:
+        _validation.positive_int(f"{prefix}epochs", kwargs["epochs"])
+    if "lr" in kwargs:
+        _validation.finite_float(f"{prefix}lr", kwargs["lr"], allow_zero=True)
+    if "forward_size" in kwargs:
+        _validation.forward_size_arg(kwargs["forward_size"], f"{prefix}forward_size")
+    if kwargs.get("max_grad_norm") is not None:
+        _validation.positive_finite_float(
+            f"{prefix}max_grad_norm", kwargs["max_grad_norm"]
+        )
+    precision.parse_autocast_dtype(
+        kwargs.get("autocast_dtype"), f"{prefix}autocast_dtype"
+    )
+    for flag in ("drop_last", "progress_bar", "activation_checkpointing"):
+        if flag in kwargs:
+            check_flag(f"{prefix}{flag}", kwargs[flag])
+    check_optional_flag(f"{prefix}two_pass", kwargs.get("two_pass"))
+    check_optimizer_kwargs(
+        f"{prefix}optimizer_kwargs", kwargs.get("optimizer_kwargs"), optimizer_cls
+    )
 
 
 def check_flag(name: str, value: object) -> bool:

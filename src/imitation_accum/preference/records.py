@@ -1,7 +1,7 @@
 """What a preference trainer logs: full-batch figures under imitation's keys."""
 
 import re
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
 import numpy as np
 from imitation.util import logger as imit_logger
@@ -19,6 +19,7 @@ def record_step(
     gt_loss: Optional[float],
     profile: Optional[ActivationProfile],
     skipped_steps: int,
+    exclude: Optional[Tuple[str, ...]] = None,
 ) -> None:
     """Records one step's figures (under the caller's key prefix).
 
@@ -29,24 +30,30 @@ def record_step(
         gt_loss: The batch's mean ground-truth loss, if the data has rewards.
         profile: The memory probe's profile, if a budget was given.
         skipped_steps: float16 steps skipped for overflow so far.
+        exclude: Output formats to leave the figures out of (``("stdout",
+            "log")``: files and TensorBoard only).
     """
-    logger.record("loss", result.loss)
-    logger.record("accuracy", result.metrics["accuracy"])
+
+    def record(key: str, value: float) -> None:
+        logger.record(key, value, exclude)
+
+    record("loss", result.loss)
+    record("accuracy", result.metrics["accuracy"])
     if gt_loss is not None:
-        logger.record("gt_reward_loss", gt_loss)
-    logger.record("grad_norm", result.grad_norm)
-    logger.record("pairs_per_second", result.n_items / result.seconds)
-    logger.record("minibatches_per_step", result.n_minibatches)
-    logger.record("peak_memory_mib", result.peak_memory_bytes / 2**20)
-    logger.record("forward_size", plan.forward_size)
-    logger.record("two_pass", float(result.two_pass))
-    logger.record("chunk_transitions", plan.largest_chunk)
+        record("gt_reward_loss", gt_loss)
+    record("grad_norm", result.grad_norm)
+    record("pairs_per_second", result.n_items / result.seconds)
+    record("minibatches_per_step", result.n_minibatches)
+    record("peak_memory_mib", result.peak_memory_bytes / 2**20)
+    record("forward_size", plan.forward_size)
+    record("two_pass", float(result.two_pass))
+    record("chunk_transitions", plan.largest_chunk)
     if profile is not None and plan.largest_chunk:
         estimate = profile.chunk_bytes(plan.largest_chunk, plan.forward_size)
-        logger.record("memory_estimate_mib", estimate / 2**20)
+        record("memory_estimate_mib", estimate / 2**20)
     if result.loss_scale is not None:
-        logger.record("amp_loss_scale", result.loss_scale)
-        logger.record("amp_skipped_steps", skipped_steps)
+        record("amp_loss_scale", result.loss_scale)
+        record("amp_skipped_steps", skipped_steps)
 
 
 def mean_of(values: Optional[np.ndarray], batch: np.ndarray) -> Optional[float]:
@@ -83,3 +90,33 @@ def postfix(result: StepResult) -> Mapping[str, str]:
         "pairs/s": f"{result.n_items / result.seconds:.1f}",
         "peak": f"{result.peak_memory_bytes / 2**20:.0f}MiB",
     }
+
+
+def epoch_line(
+    epoch_num: int,
+    epochs: int,
+    loss_sum: float,
+    accuracy_sum: float,
+    n_items: int,
+    seconds: float,
+) -> str:
+    """One compact line of an epoch's training figures (item-weighted means).
+
+    Args:
+        epoch_num: The epoch, counted from 0.
+        epochs: Epochs in this call of ``train``.
+        loss_sum: Sum over the epoch's steps of loss times pairs.
+        accuracy_sum: Sum over the epoch's steps of accuracy times pairs.
+        n_items: Pairs trained on in the epoch.
+        seconds: The epoch's steps' time.
+
+    Returns:
+        Such as ``reward model epoch 3/200: loss 0.6931, accuracy 0.500, 812
+        pairs/s``.
+    """
+    rate = n_items / seconds if seconds > 0 else float("inf")
+    return (
+        f"reward model epoch {epoch_num + 1}/{epochs}: loss "
+        f"{loss_sum / n_items:.4f}, accuracy {accuracy_sum / n_items:.3f}, "
+        f"{rate:.0f} pairs/s"
+    )

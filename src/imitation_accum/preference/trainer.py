@@ -9,6 +9,7 @@ plan says (:func:`~imitation_accum.preference.pair_task.make_chunks`) and steppe
 by the engine with the plan as its argument.
 """
 
+import copy
 import time
 from typing import Any, Mapping, Optional, Type, Union
 
@@ -169,7 +170,10 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
             if max_grad_norm is None
             else _validation.positive_finite_float("max_grad_norm", max_grad_norm)
         )
-        self.progress_bar = progress_bar
+        self.progress_bar = arguments.check_flag("progress_bar", progress_bar)
+        arguments.check_optimizer_kwargs(
+            "optimizer_kwargs", optimizer_kwargs, optimizer_cls
+        )
 
         # imitation's BasicRewardTrainer.__init__ insists that batch_size be a
         # multiple of minibatch_size; skip it and set up the same attributes.
@@ -214,6 +218,7 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
             checkpointing.check_checkpointable(net)
         budget.check_holds_training_state(self.memory_budget, self.optim)
         self.acceleration.check_net(net, self.activation_checkpointing)
+        budget.check_fits_device(self.memory_budget, net.device)
 
     def train(
         self, dataset: pc.PreferenceDataset, epoch_multiplier: float = 1.0
@@ -262,6 +267,10 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
                 f"round(epochs * epoch_multiplier) = round({self.epochs} * "
                 f"{epoch_multiplier}) = {epochs}. Must train for at least one epoch.",
             )
+        # A failure before an epoch's first step completes puts the generator
+        # back to where the last completed step left it (before the epoch's
+        # permutation and, in the first epoch, the validation split).
+        rng_before_epoch = copy.deepcopy(self.rng.bit_generator.state)
         train_idx, val_idx = np.arange(len(table)), None
         if self.requires_regularizer_update:
             assert self.regularizer is not None and self.regularizer.val_split
@@ -285,16 +294,28 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
         last_postfix = 0.0
         with progress, self.logger.accumulate_means("reward"):
             for epoch_num in range(epochs):
+                if epoch_num:
+                    rng_before_epoch = copy.deepcopy(self.rng.bit_generator.state)
                 batches = sampling.epoch_batches(
                     self.rng, train_idx, self.batch_size, self.drop_last
                 )
                 epoch_loss_sum, epoch_items = 0.0, 0
+                epoch_accuracy_sum, epoch_seconds = 0.0, 0.0
                 with self.logger.add_key_prefix(f"epoch-{epoch_num}"):
-                    for batch in batches:
-                        with self.logger.add_key_prefix("train"):
-                            result = self._train_step(table, batch)
+                    for step_in_epoch, batch in enumerate(batches):
+                        try:
+                            with self.logger.add_key_prefix("train"):
+                                result = self._train_step(table, batch)
+                        except BaseException:
+                            if step_in_epoch == 0:
+                                self.rng.bit_generator.state = rng_before_epoch
+                            raise
                         epoch_loss_sum += result.loss * result.n_items
                         epoch_items += result.n_items
+                        epoch_accuracy_sum += (
+                            result.metrics["accuracy"] * result.n_items
+                        )
+                        epoch_seconds += result.seconds
                         progress.update()
                         if time.perf_counter() - last_postfix > 0.5:
                             last_postfix = time.perf_counter()
@@ -302,6 +323,19 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
                     if val_idx is not None:
                         train_loss = epoch_loss_sum / epoch_items
                         self._update_regularizer(table, val_idx, train_loss)
+                if self.progress_bar:  # the bar's companion: a line per epoch
+                    self.logger.log(
+                        records.epoch_line(
+                            epoch_num,
+                            epochs,
+                            epoch_loss_sum,
+                            epoch_accuracy_sum,
+                            epoch_items,
+                            epoch_seconds,
+                        )
+                    )
+            # Postfixes are throttled; the last refresh shows the last step.
+            progress.set_postfix(records.postfix(result), refresh=True)
         records.record_final_values(self.logger, epoch_num)
 
     def _train_step(
@@ -329,6 +363,9 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
             gt_loss=records.mean_of(self._gt_losses, batch),
             profile=self.planner.profile,
             skipped_steps=self.engine.n_skipped_steps,
+            # Per-epoch figures go to files and TensorBoard; the printed table
+            # gets the last epoch's (``reward/final/...``) and a line per epoch.
+            exclude=("stdout", "log"),
         )
         return result
 

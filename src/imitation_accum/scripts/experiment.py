@@ -8,13 +8,21 @@ as a :class:`PatchedExperiment`, which configures and runs under
 and checks.
 """
 
+import contextlib
+import copy
 import logging
 import pathlib
-from typing import Any, Optional, Set
+import re
+import sys
+import textwrap
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import sacred
+from sacred.arg_parser import format_usage
+from sacred.commands import help_for_command
 from sacred.config import save_config_file
 from sacred.observers import FileStorageObserver
+from sacred.utils import convert_to_nested_dict, ensure_wellformed_argv
 
 from imitation_accum.integrations.patching import patched
 
@@ -25,23 +33,194 @@ class PatchedExperiment(sacred.Experiment):
     Every way of running it (``ex.run``, the command line, ``print_config``) goes
     through :meth:`run`, so imitation's code that it runs uses this package's
     trainers, and config hooks see the patched reward ingredient.
+
+    Keys registered with :meth:`add_alternatives` (a minibatch size and a memory
+    budget) are alternatives: a value the user gives for one of them clears the
+    others a named config set, so ``with atari_pong
+    algorithm_kwargs.minibatch_size=128`` overrides the named config's
+    ``demo_minibatch_size`` instead of clashing with it.
     """
 
-    def run(self, *args: Any, **kwargs: Any) -> sacred.run.Run:
+    # (No __init__ of its own: sacred takes the experiment's docstring, main
+    # file and sources from the frame that calls its constructor.)
+
+    @property
+    def alternatives(self) -> Dict[str, List[Tuple[str, ...]]]:
+        """Section to groups of alternative keys (see :meth:`add_alternatives`)."""
+        if "_alternatives" not in vars(self):
+            self._alternatives: Dict[str, List[Tuple[str, ...]]] = {}
+        return self._alternatives
+
+    @property
+    def command_docs(self) -> Dict[str, str]:
+        """Help of commands whose functions have no docstring (imitation's)."""
+        if "_command_docs" not in vars(self):
+            self._command_docs: Dict[str, str] = {}
+        return self._command_docs
+
+    def add_alternatives(self, section: str, *names: str) -> None:
+        """Declares the keys ``names`` of config ``section`` alternatives.
+
+        Args:
+            section: A top-level config key holding a dict (``algorithm_kwargs``).
+            names: Keys of which a run sets at most one.
+        """
+        self.alternatives.setdefault(section, []).append(tuple(names))
+
+    def run_commandline(self, argv: Any = None) -> Optional[sacred.run.Run]:
+        """Sacred's command line, with ``--help`` that prints help and exits 0.
+
+        ``PROG --help`` prints the experiment's description, its commands and
+        options; ``PROG COMMAND --help`` (or ``-h``) the command's.
+
+        Args:
+            argv: As for ``sacred.Experiment.run_commandline``.
+
+        Returns:
+            The finished run.
+        """
+        argv = ensure_wellformed_argv(argv)
+        words = [str(word) for word in argv[1:]]
+        before_updates = words[: words.index("with")] if "with" in words else words
+        if "-h" in before_updates or "--help" in before_updates:
+            named = [w for w in before_updates if not w.startswith("-")]
+            print(self.help_text(named[0] if named else None, argv[0]))
+            sys.exit(0)
+        return super().run_commandline(argv)
+
+    def help_text(self, command: Optional[str], program: str) -> str:
+        """The help of the experiment, or of one of its commands.
+
+        Args:
+            command: A command's name, or ``None`` for the experiment's help.
+            program: How the program was called (``sys.argv[0]``).
+
+        Returns:
+            The text.
+        """
+        name = pathlib.Path(program).stem
+        if program.endswith(".py"):  # python -m imitation_accum.scripts.NAME
+            name = f"python -m {__package__}.{name}"
+        commands = dict(self.gather_commands())
+        if command is None:
+            usage = format_usage(name, self.doc, commands, self.all_cli_options)
+            return usage.replace(f"'{name}'", name)  # quoted for its spaces
+        if command not in commands:
+            return (
+                f"{name}: no command {command!r}; the commands are: "
+                f"{', '.join(sorted(commands))}"
+            )
+        described = command in self.command_docs and textwrap.fill(
+            self.command_docs[command], 88
+        )
+        described = described or help_for_command(commands[command])
+        return (
+            f"Usage: {name} {command} [with UPDATE...] [options]\n\n"
+            f"{described}\n\n"
+            f"`{name} print_config` shows every config key and its value; "
+            f"`{name} print_named_configs` the named configs."
+        )
+
+    def run(
+        self,
+        command_name: Optional[str] = None,
+        config_updates: Optional[Mapping[str, Any]] = None,
+        named_configs: Sequence[str] = (),
+        *args: Any,
+        **kwargs: Any,
+    ) -> sacred.run.Run:
         """Runs as ``sacred.Experiment.run`` does, with imitation patched.
 
         Args:
+            command_name: As for ``sacred.Experiment.run``.
+            config_updates: As for ``sacred.Experiment.run``; a given alternative
+                clears the others (see the class's description).
+            named_configs: As for ``sacred.Experiment.run``.
             args: As for ``sacred.Experiment.run``.
             kwargs: As for ``sacred.Experiment.run``.
 
         Returns:
             The finished run.
         """
-        with patched():
-            return super().run(*args, **kwargs)
+        updates = user_alternatives_win(config_updates or {}, self.alternatives)
+        with patched(), self._own_keys_quiet():
+            return super().run(command_name, updates, named_configs, *args, **kwargs)
+
+    @property
+    def own_sections(self) -> List[str]:
+        """Config sections whose every key this package's hooks check.
+
+        sacred warns that a key was added (or changed type) when a named config
+        or the user sets a key imitation's defaults lack, such as
+        ``reward_trainer_kwargs.minibatch_size``; for these sections the config
+        hooks check each key (rejecting unknown ones with near matches), so the
+        warning says nothing the user can act on and is left out.
+        """
+        if "_own_sections" not in vars(self):
+            self._own_sections: List[str] = []
+        return self._own_sections
+
+    @contextlib.contextmanager
+    def _own_keys_quiet(self) -> Iterator[None]:
+        """Leaves out sacred's config warnings about :attr:`own_sections` keys."""
+        logger = self.logger or logging.getLogger()
+        quiet = _OwnKeysFilter(self.own_sections)
+        logger.addFilter(quiet)
+        try:
+            yield
+        finally:
+            logger.removeFilter(quiet)
 
 
-def derive(imitation_experiment: sacred.Experiment) -> PatchedExperiment:
+class _OwnKeysFilter(logging.Filter):
+    """Drops sacred's "Added new config entry" / "Changed type" for given sections."""
+
+    _PATTERN = re.compile(
+        r'^(?:Added new config entry: |Changed type of config entry )"([^"]+)"'
+    )
+
+    def __init__(self, sections: Sequence[str]) -> None:
+        super().__init__()
+        self.sections = tuple(f"{section}." for section in sections)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = self._PATTERN.match(str(record.msg))
+        return not (match and match.group(1).startswith(self.sections))
+
+
+def user_alternatives_win(
+    config_updates: Mapping[str, Any],
+    alternatives: Mapping[str, Sequence[Tuple[str, ...]]],
+) -> Dict[str, Any]:
+    """``config_updates`` with the alternatives of each given key set to ``None``.
+
+    sacred applies named configs under the user's updates, so fixing the other
+    alternatives to ``None`` here keeps a named config from setting them.
+
+    Args:
+        config_updates: The user's updates (nested or with dotted keys).
+        alternatives: Section to groups of alternative keys.
+
+    Returns:
+        Nested updates; a group with no value given by the user is left alone,
+        and one with two values given is left for the config hook to reject.
+    """
+    updates = copy.deepcopy(convert_to_nested_dict(dict(config_updates)))
+    for section, groups in alternatives.items():
+        given = updates.get(section)
+        if not isinstance(given, dict):
+            continue
+        for group in groups:
+            if any(given.get(name) is not None for name in group):
+                for name in group:
+                    given.setdefault(name, None)
+    return updates
+
+
+def derive(
+    imitation_experiment: sacred.Experiment,
+    doc: Optional[str] = None,
+) -> PatchedExperiment:
     """A :class:`PatchedExperiment` that is a copy of one of imitation's experiments.
 
     The new experiment shares imitation's ingredients and reuses its config scopes,
@@ -50,6 +229,8 @@ def derive(imitation_experiment: sacred.Experiment) -> PatchedExperiment:
 
     Args:
         imitation_experiment: Such as imitation's ``train_preference_comparisons_ex``.
+        doc: The new experiment's description (``--help``): the script's
+            docstring.
 
     Returns:
         The new experiment, with the same name.
@@ -58,6 +239,7 @@ def derive(imitation_experiment: sacred.Experiment) -> PatchedExperiment:
         str(imitation_experiment.path),
         ingredients=imitation_experiment.ingredients,
     )
+    ex.doc = doc or imitation_experiment.doc
     ex.configurations.extend(imitation_experiment.configurations)
     ex.named_configs.update(imitation_experiment.named_configs)
     ex.config_hooks.extend(imitation_experiment.config_hooks)

@@ -18,6 +18,7 @@ import copy
 import dataclasses
 import json
 import pathlib
+import tempfile
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from sacred.config import save_config_file
@@ -130,12 +131,11 @@ def render(preset: Preset) -> str:
     Returns:
         The file's text.
     """
-    path = pathlib.Path(".preset.json")
-    try:
+    # sacred writes config files only to a path: a scratch folder, not the cwd.
+    with tempfile.TemporaryDirectory(prefix="presets-") as scratch:
+        path = pathlib.Path(scratch) / "preset.json"
         save_config_file(preset.config(), str(path))
         return path.read_text() + "\n"
-    finally:
-        path.unlink(missing_ok=True)
 
 
 def write(directory: pathlib.Path = CONFIGS_DIR) -> None:
@@ -157,8 +157,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     """
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--table", action="store_true")
-    parser.add_argument("--dir", type=pathlib.Path, default=CONFIGS_DIR)
+    parser.add_argument(
+        "--dir",
+        type=pathlib.Path,
+        default=CONFIGS_DIR if CONFIGS_DIR.is_dir() else None,
+        help="where to write NAME.json (default: the checkout's configs/)",
+    )
     args = parser.parse_args(argv)
+    if not args.table and args.dir is None:
+        parser.error("--dir is required outside a checkout of the repository")
     if args.table:
         for name, preset in PRESETS.items():
             config = preset.config()

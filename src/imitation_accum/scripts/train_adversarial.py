@@ -15,7 +15,7 @@ demonstrations.path=PATH`` (see
 :mod:`imitation_accum.integrations.demonstrations` for how to
 make one).
 
-Usage::
+For example::
 
     python -m imitation_accum.scripts.train_adversarial airl with atari_pong \
         demonstrations.path=demos/pong algorithm_kwargs.demo_minibatch_size=128
@@ -31,10 +31,31 @@ from typing import Any, Dict
 from imitation.scripts.train_adversarial import train_adversarial_ex as imitation_ex
 
 import imitation_accum
+from imitation_accum.adversarial import arguments
 from imitation_accum.engine import acceleration
-from imitation_accum.scripts import atari_configs, experiment, ingredients
+from imitation_accum.scripts import (
+    atari_configs,
+    config_checks,
+    experiment,
+    ingredients,
+)
 
-train_adversarial_ex = experiment.derive(imitation_ex)
+train_adversarial_ex = experiment.derive(imitation_ex, doc=__doc__)
+ALGORITHMS_BY_NAME = ("airl", "gail")
+for _name in ALGORITHMS_BY_NAME:
+    train_adversarial_ex.command_docs[_name] = (
+        f"Trains {_name.upper()} (imitation_accum.{_name.upper()}) on "
+        "demonstrations: the generator with imitation's RL ingredient, the "
+        "discriminator with exact gradient accumulation. Main keys: "
+        "environment.gym_id, demonstrations.source/path, total_timesteps, "
+        "algorithm_kwargs.demo_batch_size and demo_minibatch_size (alias "
+        "minibatch_size) or memory_budget, algorithm_kwargs.max_grad_norm; named "
+        "configs such as atari_pong and fast."
+    )
+train_adversarial_ex.own_sections.extend(["algorithm_kwargs"])
+train_adversarial_ex.add_alternatives(
+    "algorithm_kwargs", "demo_minibatch_size", "minibatch_size", "memory_budget"
+)
 
 ALGORITHMS = {"airl": imitation_accum.AIRL, "gail": imitation_accum.GAIL}
 # Passed by imitation's script itself, or stripped by it before the constructor.
@@ -52,7 +73,6 @@ def check_algorithm_kwargs(
     Raises:
         ValueError: naming the unknown or invalid ``algorithm_kwargs.<key>``.
     """
-    del logger
     algorithm = ALGORITHMS.get(command_name)
     if algorithm is None:  # print_config and other commands
         return {}
@@ -81,6 +101,12 @@ def check_algorithm_kwargs(
     )
     key = "algorithm_kwargs.acceleration"
     acceleration.Acceleration.parse(kwargs.get("acceleration"), key)
+    arguments.check_algorithm_values(kwargs, "algorithm_kwargs.")
+    config_checks.warn_budget_beyond_machine(
+        logger, "algorithm_kwargs.memory_budget", kwargs.get("memory_budget")
+    )
+    config_checks.check_counts(config, ("total_timesteps",))
+    config_checks.check_reward_ingredient(config, command_name)
     return {}
 
 

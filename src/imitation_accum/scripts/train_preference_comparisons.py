@@ -10,7 +10,7 @@ the Atari named configs (``atari_pong``, ``atari_breakout``, ...,
 ``atari_pong_unwrapped``), a ``fast`` named config for tests, and checks that
 reject a bad config before anything is built.
 
-Usage::
+For example::
 
     python -m imitation_accum.scripts.train_preference_comparisons with atari_pong \
         reward_trainer_kwargs.minibatch_size=8
@@ -29,12 +29,34 @@ from imitation.scripts.train_preference_comparisons import (
 )
 
 import imitation_accum
+from imitation_accum import _validation
 from imitation_accum.engine import acceleration
-from imitation_accum.scripts import atari_configs, experiment, gpu_configs, ingredients
+from imitation_accum.preference import arguments
+from imitation_accum.scripts import (
+    atari_configs,
+    config_checks,
+    experiment,
+    gpu_configs,
+    ingredients,
+)
 
-train_preference_comparisons_ex = experiment.derive(imitation_ex)
+train_preference_comparisons_ex = experiment.derive(imitation_ex, doc=__doc__)
+train_preference_comparisons_ex.own_sections.extend(
+    ["reward_trainer_kwargs", "preference_model_kwargs"]
+)
+train_preference_comparisons_ex.add_alternatives(
+    "reward_trainer_kwargs", "minibatch_size", "memory_budget"
+)
 
 _TRAINER_OWN_ARGUMENTS = ("preference_model", "loss", "rng", "custom_logger")
+#: Top-level keys that are positive whole numbers.
+_COUNTS = (
+    "total_timesteps",
+    "total_comparisons",
+    "num_iterations",
+    "fragment_length",
+    "transition_oversampling",
+)
 
 
 def check_reward_trainer_kwargs(
@@ -47,7 +69,6 @@ def check_reward_trainer_kwargs(
     Raises:
         ValueError: naming the unknown or invalid ``reward_trainer_kwargs.<key>``.
     """
-    del command_name, logger
     kwargs = config["reward_trainer_kwargs"]
     accepted = ingredients.accepted_keywords(
         imitation_accum.CrossEntropyRewardTrainer,
@@ -59,15 +80,18 @@ def check_reward_trainer_kwargs(
         accepted,
         "CrossEntropyRewardTrainer",
     )
-    ingredients.check_batch_sizes(
-        "reward_trainer_kwargs",
-        kwargs,
-        accepted,
-        "batch_size",
-        ["minibatch_size"],
+    arguments.check_trainer_values(kwargs, "reward_trainer_kwargs.")
+    config_checks.warn_budget_beyond_machine(
+        logger, "reward_trainer_kwargs.memory_budget", kwargs.get("memory_budget")
     )
     key = "reward_trainer_kwargs.acceleration"
     acceleration.Acceleration.parse(kwargs.get("acceleration"), key)
+    model_kwargs = config["preference_model_kwargs"]
+    arguments.check_preference_model_values(model_kwargs, "preference_model_kwargs.")
+    config_checks.check_counts(config, _COUNTS)
+    for key in ("initial_comparison_frac", "exploration_frac"):
+        _validation.probability(key, config[key])
+    config_checks.check_reward_ingredient(config, command_name)
     return {}
 
 

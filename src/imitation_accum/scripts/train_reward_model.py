@@ -18,9 +18,10 @@ after every epoch. The training state (reward net, optimizer, generators, epoch)
 checkpointed atomically to ``{log_dir}/checkpoints/training_state.pt`` and a run
 continues from one with ``resume_from=...``; the final reward net is saved as
 imitation saves it, ``{log_dir}/checkpoints/final/reward_net.pt``, ready for
-``imitation.rewards.serialize.load_reward("RewardNet_normalized", ...)`` (after
-``import imitation_accum``) or :func:`imitation_accum.checkpoint.load_reward_net`.
-Under ``torchrun`` only rank 0 logs and writes files.
+``imitation.rewards.serialize.load_reward("RewardNet_normalized", ...)`` (under
+``imitation_accum.patched()``) or :func:`imitation_accum.checkpoint.load_reward_net`.
+Under ``torchrun`` only rank 0 logs and writes files. As a script, it seeds
+torch's global generator with the run's seed (the library itself never does).
 
 The dataset is a frame store (a directory written by
 :meth:`imitation_accum.PreferenceDataset.save`, memory-mapped: processes on one
@@ -44,7 +45,6 @@ import gymnasium as gym
 import numpy as np
 import torch as th
 from imitation.algorithms import preference_comparisons as pc
-from imitation.data import types as data_types
 from imitation.regularization import regularizers, updaters
 from imitation.rewards import reward_nets
 from imitation.scripts.ingredients import environment, reward
@@ -55,12 +55,20 @@ from torch.utils import data as data_th
 
 from imitation_accum import _validation, checkpoint, distributed
 from imitation_accum.engine import acceleration
+from imitation_accum.io import fingerprint
+from imitation_accum.preference import arguments, dataset_checks
 from imitation_accum.preference.dataset import (
     ImitationPreferenceDataset,
     PreferenceDataset,
     load_imitation_pickle,
 )
-from imitation_accum.scripts import atari_configs, experiment, gpu_configs, ingredients
+from imitation_accum.scripts import (
+    atari_configs,
+    config_checks,
+    experiment,
+    gpu_configs,
+    ingredients,
+)
 
 # Configured and run under imitation_accum.patched(), as this package's other
 # experiments: imitation's reward ingredient then also builds CNN reward nets.
@@ -71,6 +79,12 @@ train_reward_model_ex = experiment.PatchedExperiment(
         environment.environment_ingredient,
         reward.reward_ingredient,
     ],
+)
+train_reward_model_ex.own_sections.extend(
+    ["reward_trainer_kwargs", "preference_model_kwargs", "regularizer"]
+)
+train_reward_model_ex.add_alternatives(
+    "reward_trainer_kwargs", "minibatch_size", "memory_budget"
 )
 
 #: Trainer arguments this experiment sets itself.
@@ -117,6 +131,8 @@ def train_defaults():
     )
     device = "auto"  # "auto": this process's GPU if there is one, else the CPU
     checkpoint_interval = 1  # epochs between checkpoints (0: at the end; <0: never)
+    # torchrun: seconds to wait for the other ranks, then fail naming the missing
+    collective_timeout_s = distributed.DEFAULT_COLLECTIVE_TIMEOUT_S
     resume_from = None  # a checkpoints/training_state.pt to continue from
     locals()  # quieten flake8
 
@@ -148,16 +164,20 @@ def _check_config(
     command_name: str,
     logger: Any,
 ) -> Dict[str, Any]:
-    """Config hook: every key checked before anything is loaded or built."""
-    del command_name, logger
+    """Config hook: every key checked before anything is loaded or built.
+
+    The files (``dataset_path``, ``resume_from``) are needed only to train:
+    ``print_config`` and the other commands run without them.
+    """
+    trains = command_name == "train_reward_model"
     path = config["dataset_path"]
-    if path is None:
+    if path is None and trains:
         raise ValueError(
             "dataset_path is required: a PreferenceDataset saved with "
             "PreferenceDataset.save (train_preference_comparisons with "
             "save_preferences=True writes preferences.pkl)",
         )
-    if not pathlib.Path(path).exists():
+    if path is not None and not pathlib.Path(path).exists():
         raise ValueError(f"dataset_path={path!r}: no such file")
     fraction = config["held_out_fraction"]
     if not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
@@ -169,23 +189,27 @@ def _check_config(
     )
     key = "reward_trainer_kwargs"
     ingredients.check_keywords(key, kwargs, accepted, "CrossEntropyRewardTrainer")
-    ingredients.check_batch_sizes(
-        key, kwargs, accepted, "batch_size", ["minibatch_size"]
+    optimizer_cls = _optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
+    arguments.check_trainer_values(kwargs, f"{key}.", optimizer_cls)
+    config_checks.warn_budget_beyond_machine(
+        logger, f"{key}.memory_budget", kwargs.get("memory_budget")
     )
     _validation.positive_int(f"{key}.epochs", kwargs.get("epochs", 1))
     acceleration.Acceleration.parse(kwargs.get("acceleration"), f"{key}.acceleration")
-    _optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
+    _check_preference_model_kwargs(config["preference_model_kwargs"])
+    _validation.non_negative_int("held_out_seed", config["held_out_seed"])
     interval = config["checkpoint_interval"]
     if isinstance(interval, bool) or not isinstance(interval, int):
         raise ValueError(f"checkpoint_interval={interval!r} must be an int")
     resume = config["resume_from"]
     if resume is not None and not pathlib.Path(resume).is_file():
         raise ValueError(f"resume_from={resume!r}: no such file")
-    kind = config["regularizer"]["kind"]
-    if kind not in (None, "lp", "weight_decay"):
-        raise ValueError(
-            f"regularizer.kind={kind!r} must be None, 'lp' or 'weight_decay'",
-        )
+    config_checks.check_regularizer(config["regularizer"])
+    config_checks.check_reward_ingredient(config, "train_reward_model")
+    _check_device(config["device"])
+    distributed.process_group.check_timeout(
+        "collective_timeout_s", config["collective_timeout_s"]
+    )
     return {}
 
 
@@ -193,6 +217,26 @@ ingredients.add_hooks(
     train_reward_model_ex,
     [_check_config, ingredients.check_environment],
 )
+
+
+def _check_preference_model_kwargs(kwargs: Any) -> None:
+    if not isinstance(kwargs, Mapping):
+        raise ValueError(
+            f"preference_model_kwargs={kwargs!r} must be a dict of PreferenceModel "
+            "arguments (noise_prob, discount_factor, threshold)",
+        )
+    arguments.check_preference_model_values(kwargs, "preference_model_kwargs.")
+
+
+def _check_device(value: Any) -> None:
+    if value == "auto":
+        return
+    try:
+        th.device(value)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(
+            f"device={value!r} is not a device: give 'auto', 'cpu', 'cuda' or 'cuda:N'",
+        ) from error
 
 
 def _optimizer_class(value: Any) -> type:
@@ -329,29 +373,27 @@ def _environment_spaces(config: Mapping[str, Any]) -> types.SimpleNamespace:
         env.close()
 
 
-def _check_dataset_fits(
+def _check_dataset(
     dataset: pc.PreferenceDataset,
     spaces: types.SimpleNamespace,
     path: str,
     gym_id: str,
 ) -> None:
+    """Every pair of the file checked against the environment, before any step."""
     if isinstance(dataset, PreferenceDataset):
-        dataset.check_observation_space(spaces.observation_space)
-    obs = data_types.assert_not_dictobs(dataset.fragments1[0].obs)
-    acts = dataset.fragments1[0].acts
-    obs_space, act_space = spaces.observation_space, spaces.action_space
-    if tuple(obs.shape[1:]) != tuple(obs_space.shape):
-        raise ValueError(
-            f"dataset_path={path!r} holds observations of shape "
-            f"{tuple(obs.shape[1:])}, but environment.gym_id={gym_id!r} gives "
-            f"{tuple(obs_space.shape)}: set environment.gym_id (and "
-            "env_make_kwargs) to the environment the preferences came from",
+        # A store's frames are checked as a whole first, naming its frames file.
+        dataset.check_observation_space(
+            spaces.observation_space, f"dataset_path={path!r}"
         )
-    if tuple(acts.shape[1:]) != tuple(act_space.shape or ()):
-        raise ValueError(
-            f"dataset_path={path!r} holds actions of shape {tuple(acts.shape[1:])}, "
-            f"but environment.gym_id={gym_id!r} gives {tuple(act_space.shape)}",
-        )
+    dataset_checks.check_dataset(
+        dataset,
+        spaces.observation_space,
+        spaces.action_space,
+        name=f"dataset_path={path!r}",
+        environment=f"what environment.gym_id={gym_id!r} gives",
+        hint="\nSet environment.gym_id (and env_make_kwargs) to the environment "
+        "the preferences came from, or fix the pairs named.",
+    )
 
 
 def _regularizer_factory(
@@ -394,18 +436,71 @@ def _split_digest(indices: np.ndarray) -> str:
     return hashlib.sha256(np.asarray(indices, dtype=np.int64).tobytes()).hexdigest()
 
 
+def _same_data_on_every_rank(
+    context: distributed.DistributedContext,
+    dataset: Any,
+    path: str,
+) -> str:
+    """The data's fingerprint, checked to be every rank's before training."""
+    value = fingerprint.dataset_fingerprint(dataset)
+    distributed.check_same_on_every_rank(
+        context,
+        "the data",
+        value,
+        shown=f"dataset_path={path!r}, fingerprint {value[:19]}",
+        advice=": every rank must load the same dataset",
+    )
+    return value
+
+
+#: Metadata kept for messages, not compared (a dataset may move).
+_DESCRIPTIVE = ("dataset_path",)
+
+
 def _check_resumable(
     state: checkpoint.TrainingState,
     metadata: Mapping[str, Any],
     path: str,
 ) -> None:
+    saved = state.metadata
+    old = saved.get("dataset_fingerprint")
+    new = metadata["dataset_fingerprint"]
+    if old is not None and old != new:
+        raise ValueError(
+            f"resume_from={path!r} was trained on the data of "
+            f"{saved.get('dataset_path', 'another file')!r} (fingerprint "
+            f"{old[:19]}), but dataset_path={metadata['dataset_path']!r} holds "
+            f"other data (fingerprint {new[:19]}): resume with the dataset the "
+            "checkpoint was trained on",
+        )
     for key, value in metadata.items():
-        if state.metadata.get(key) != value:
+        if key in _DESCRIPTIVE or key == "dataset_fingerprint":
+            continue
+        if saved.get(key) != value:
             raise ValueError(
                 f"resume_from={path!r} was written for {key}="
-                f"{state.metadata.get(key)!r}, but this run has {value!r}: resume "
+                f"{saved.get(key)!r}, but this run has {value!r}: resume "
                 "with the same dataset_path, held_out_fraction and held_out_seed",
             )
+
+
+def _apply_configured_optimizer(
+    trainer: Any,
+    trainer_kwargs: Mapping[str, Any],
+    custom_logger: imit_logger.HierarchicalLogger,
+) -> None:
+    """The configured lr and optimizer_kwargs win over a checkpoint's, and say so."""
+    configured = {
+        "lr": trainer_kwargs.get("lr", 1e-3),
+        **(trainer_kwargs.get("optimizer_kwargs") or {}),
+    }
+    changed = checkpoint.apply_hyperparameters(trainer.optim, configured)
+    for name, (old, new) in changed.items():
+        key = "lr" if name == "lr" else f"optimizer_kwargs.{name}"
+        custom_logger.log(
+            f"Resuming with reward_trainer_kwargs.{key}={new!r}, not the "
+            f"checkpoint's {old!r}: the configured value is applied",
+        )
 
 
 @contextlib.contextmanager
@@ -444,6 +539,7 @@ def train_reward_model(
     device: str,
     checkpoint_interval: int,
     resume_from: Optional[str],
+    collective_timeout_s: float,
     environment: Mapping[str, Any],
     _seed: int,
 ) -> Mapping[str, Any]:
@@ -460,13 +556,16 @@ def train_reward_model(
         device: Where to train (``"auto"``: this process's GPU if any).
         checkpoint_interval: Epochs between checkpoints (0: at the end; <0: never).
         resume_from: A training state to continue from.
+        collective_timeout_s: How long a collective waits for the other ranks.
         environment: The environment ingredient's config (for the spaces).
         _seed: The run's seed (sacred).
 
     Returns:
         Held-out figures per epoch and the paths of the saved files (rank 0).
     """
-    with distributed.distributed_session(device) as context:
+    with distributed.distributed_session(
+        device, timeout_s=collective_timeout_s
+    ) as context:
         return _train(
             context,
             dataset_path=dataset_path,
@@ -508,11 +607,14 @@ def _train(
         context.world_size,
     )
     seed = _agreed_seed(context, seed)
+    # A script's choice, as imitation's scripts make it: torch's global
+    # generator (the reward net's initial weights) is seeded from the run's seed.
     th.manual_seed(seed)
 
     dataset = load_preference_dataset(dataset_path, trust_pickle)
     spaces = _environment_spaces(environment_config)
-    _check_dataset_fits(dataset, spaces, dataset_path, environment_config["gym_id"])
+    _check_dataset(dataset, spaces, dataset_path, environment_config["gym_id"])
+    data_fingerprint = _same_data_on_every_rank(context, dataset, dataset_path)
     train_idx, held_out_idx = split_held_out(
         len(dataset),
         held_out_fraction,
@@ -528,6 +630,8 @@ def _train(
     metadata = {
         "dataset_pairs": len(dataset),
         "held_out_split": _split_digest(held_out_idx),
+        "dataset_fingerprint": data_fingerprint,
+        "dataset_path": str(dataset_path),
     }
 
     net = reward.make_reward_net(spaces)
@@ -555,6 +659,7 @@ def _train(
             checkpoint.restore_state(trainer, state, resume_from)
             first_epoch = state.epoch
             custom_logger.log(f"Resuming from {resume_from} after epoch {first_epoch}")
+            _apply_configured_optimizer(trainer, trainer_kwargs, custom_logger)
 
         checkpoint_dir = None if log_dir is None else log_dir / "checkpoints"
         state_path = None

@@ -1,0 +1,137 @@
+"""Config checks shared by this package's experiments, run in sacred config hooks.
+
+Each check runs before the run directory, the sacred run record or imitation's
+logger exist, and names the full config key it rejects
+(``regularizer.initial_lambda``, ``reward.net_kwargs.hid_sizes``).
+"""
+
+import math
+from typing import Any, Dict, Iterable, Mapping
+
+from imitation.rewards import reward_nets
+
+from imitation_accum import _validation
+from imitation_accum.planning import budget
+
+#: The keys of ``train_reward_model``'s ``regularizer`` config.
+REGULARIZER_KEYS = (
+    "kind",
+    "initial_lambda",
+    "p",
+    "scaling_factor",
+    "tolerable_interval",
+    "val_split",
+)
+
+
+def check_counts(config: Mapping[str, Any], keys: Iterable[str]) -> None:
+    """Checks that top-level ``keys`` present in ``config`` are positive counts.
+
+    Raises:
+        ValueError: naming the first key that is not a positive whole number.
+    """
+    for key in keys:
+        if key in config:
+            _validation.positive_count(key, config[key])
+
+
+def check_regularizer(section: Mapping[str, Any]) -> None:
+    """Checks ``train_reward_model``'s ``regularizer`` config.
+
+    Raises:
+        ValueError: naming ``regularizer.<key>``: an unknown key (with near
+            matches), a negative or non-finite lambda, or an invalid scaler.
+    """
+    _validation.known_names(
+        "regularizer", section, REGULARIZER_KEYS, "the regularizer config"
+    )
+    kind = section.get("kind")
+    if kind not in (None, "lp", "weight_decay"):
+        raise ValueError(
+            f"regularizer.kind={kind!r} must be None, 'lp' or 'weight_decay'",
+        )
+    _validation.finite_float(
+        "regularizer.initial_lambda", section.get("initial_lambda"), allow_zero=True
+    )
+    _validation.positive_finite_float("regularizer.p", section.get("p"))
+    if kind is None:
+        return
+    factor = section.get("scaling_factor")
+    if factor is None:
+        return
+    _validation.positive_finite_float("regularizer.scaling_factor", factor)
+    if not factor < 1:
+        raise ValueError(
+            f"regularizer.scaling_factor={factor!r} must lie in (0, 1)",
+        )
+    interval = section.get("tolerable_interval")
+    if (
+        not isinstance(interval, (list, tuple))
+        or len(interval) != 2
+        or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in interval)
+        or not 0 <= interval[0] < interval[1]
+    ):
+        raise ValueError(
+            f"regularizer.tolerable_interval={interval!r} must be a pair (low, "
+            "high) with 0 <= low < high",
+        )
+    val_split = _validation.positive_finite_float(
+        "regularizer.val_split", section.get("val_split")
+    )
+    if not val_split < 1:
+        raise ValueError(f"regularizer.val_split={val_split!r} must lie in (0, 1)")
+
+
+def check_reward_ingredient(config: Mapping[str, Any], command_name: str) -> None:
+    """Checks imitation's ``reward`` ingredient: the net class and its sizes.
+
+    Raises:
+        ValueError: naming ``reward.net_cls`` if it is not a ``RewardNet``
+            class, or ``reward.net_kwargs.hid_sizes`` if a size is not positive.
+    """
+    reward = config.get("reward")
+    if not isinstance(reward, Mapping):
+        return
+    specific = reward.get("algorithm_specific", {}).get(command_name, {})
+    net_cls = specific.get("net_cls", reward.get("net_cls"))
+    if not (isinstance(net_cls, type) and issubclass(net_cls, reward_nets.RewardNet)):
+        raise ValueError(
+            f"reward.net_cls={getattr(net_cls, '__name__', net_cls)!r} is not an "
+            "imitation RewardNet class (such as BasicRewardNet or CnnRewardNet); "
+            "a class cannot be named on the command line: set it in a named "
+            "config or a config file",
+        )
+    net_kwargs: Dict[str, Any] = {
+        **reward.get("net_kwargs", {}),
+        **specific.get("net_kwargs", {}),
+    }
+    hid_sizes = net_kwargs.get("hid_sizes")
+    if hid_sizes is not None:
+        if not isinstance(hid_sizes, (list, tuple)):
+            raise ValueError(
+                f"reward.net_kwargs.hid_sizes={hid_sizes!r} must be a list of "
+                "positive ints",
+            )
+        for size in hid_sizes:
+            _validation.positive_int("reward.net_kwargs.hid_sizes[...]", size)
+    ensemble_size = reward.get("ensemble_size")
+    if ensemble_size is not None:
+        _validation.positive_int("reward.ensemble_size", ensemble_size)
+
+
+def warn_budget_beyond_machine(logger: Any, key: str, value: object) -> None:
+    """Warns if a memory budget in bytes exceeds all memory this machine has.
+
+    Only a warning: a config may be meant for a larger machine (a GPU preset
+    printed on a laptop); the trainer refuses such a budget for its device.
+
+    Args:
+        logger: The config hook's logger.
+        key: The config key (``reward_trainer_kwargs.memory_budget``).
+        value: Its value (already checked to parse).
+    """
+    message = budget.beyond_memory(
+        budget.parse_budget(value, key), budget.machine_bytes(), "this machine", key
+    )
+    if message is not None:
+        logger.warning(f"{message}; training here will refuse it")

@@ -1,0 +1,105 @@
+"""Whole-dataset checks: every pair against the spaces, named by its file index."""
+
+import re
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from imitation.algorithms import preference_comparisons as pc
+from imitation.data import types
+
+from imitation_accum.preference import dataset_checks
+
+OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+DISCRETE = gym.spaces.Discrete(2)
+
+
+def fragment(length=3, obs_dim=4, acts=None):
+    obs = np.zeros((length + 1, obs_dim), dtype=np.float32)
+    if acts is None:
+        acts = np.ones(length, dtype=np.int64)
+    return types.TrajectoryWithRew(
+        obs=obs,
+        acts=np.asarray(acts),
+        infos=None,
+        terminal=False,
+        rews=np.zeros(length, dtype=np.float32),
+    )
+
+
+def dataset(n_pairs=6, broken=None):
+    """``n_pairs`` good pairs; ``broken`` maps an index to its first fragment."""
+    data = pc.PreferenceDataset()
+    firsts = [(broken or {}).get(i, fragment()) for i in range(n_pairs)]
+    data.push(
+        [(first, fragment()) for first in firsts],
+        np.full(n_pairs, 0.5, dtype=np.float32),
+    )
+    return data
+
+
+def check(data, action_space=DISCRETE, **kwargs):
+    dataset_checks.check_dataset(data, OBS, action_space, **kwargs)
+
+
+def test_good_dataset_passes():
+    check(dataset())
+
+
+def test_empty_dataset_is_named():
+    with pytest.raises(ValueError, match=r"^data\.pkl holds no preference pairs$"):
+        check(pc.PreferenceDataset(), name="data.pkl")
+
+
+def nan_fragment():
+    bad = fragment()
+    bad.obs[2, 1] = np.nan
+    return bad
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (fragment(obs_dim=5), r"observations of shape \(5,\), the environment \(4,\)"),
+        (nan_fragment(), r"non-finite observation \(step 2\)"),
+        (fragment(acts=[0, 2, 1]), r"action outside .*Discrete\(2\) \(step 1: 2\)"),
+        (fragment(acts=[0.0, 1.0, 1.0]), r"float64 actions for .* Discrete space"),
+        (fragment(acts=[[0], [1], [1]]), r"actions of shape \(1,\), the environment"),
+    ],
+)
+def test_a_later_bad_pair_is_named_by_index(bad, message):
+    with pytest.raises(ValueError, match=r"1 of 6 pairs do not fit") as error:
+        check(dataset(broken={4: bad}))
+    listed = str(error.value).split("\n  ")[1:]
+    assert len(listed) == 1 and listed[0].startswith("pair 4: fragment 1 ")
+    assert re.search(message, listed[0])
+
+
+def test_subset_errors_name_the_file_index():
+    with pytest.raises(ValueError, match=r"\n  pair 17: fragment 1 has observations"):
+        check(dataset(broken={1: fragment(obs_dim=3)}), indices=[3, 17, 20, 21, 22, 30])
+
+
+def test_box_actions_out_of_bounds_and_many_bad_pairs_counted():
+    box = gym.spaces.Box(-1, 1, (2,), np.float32)
+    good = np.zeros((3, 2))
+    far = good.copy()
+    far[1, 0] = 1.5
+    broken = {i: fragment(acts=far) for i in range(7)}
+    data = pc.PreferenceDataset()
+    data.push(
+        [(broken.get(i, fragment(acts=good)), fragment(acts=good)) for i in range(8)],
+        np.zeros(8, dtype=np.float32),
+    )
+    with pytest.raises(ValueError, match=r"7 of 8 pairs") as error:
+        dataset_checks.check_dataset(data, OBS, box)
+    text = str(error.value)
+    assert text.count("outside the environment's action space") == 5
+    assert text.endswith("... and 2 more")
+
+
+def test_preference_out_of_range_is_named():
+    data = dataset()
+    data.preferences[2] = 1.5
+    with pytest.raises(ValueError, match=r"pair 2: has preference 1\.5"):
+        check(data)
