@@ -49,6 +49,11 @@ class PairWorkload:
         return cls(task, table, local, engine, key)
 
     @property
+    def epoch_transitions(self) -> int:
+        """Transitions of one epoch over the dataset (bounds the tuning's cost)."""
+        return int(self.table.lengths.sum())
+
+    @property
     def device(self) -> th.device:
         """The net's device."""
         return self.task.device
