@@ -165,9 +165,9 @@ class ForwardSizeTuner:
                 return None
             return budget_transitions * search.best()
 
-        def spent() -> bool:
+        def spent(share: float = 1.0) -> bool:
             limit = budget()
-            return limit is not None and time.perf_counter() - begin > limit
+            return limit is not None and time.perf_counter() - begin > share * limit
 
         with cpu_load.intra_op_threads(search.thread_options[-1]):
             time_per_transition(1)  # warm-up (first calls, allocator): not counted
@@ -197,7 +197,8 @@ class ForwardSizeTuner:
                 < search.previous_best(size, t)
                 for t in scanning
             )
-            if spent() and not improving:
+            # The scan keeps a share of the budget for re-timing the contenders.
+            if spent(1 / self.repeats) and not improving:
                 break
         # Interleaved re-timing: the contenders until each has `repeats`; the
         # rest while the budget lasts.

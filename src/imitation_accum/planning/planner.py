@@ -40,6 +40,7 @@ from imitation_accum.planning.forward_size import (
     REPEATS,
     TUNING_TRANSITIONS,
     ForwardSizes,
+    TuningResult,
     time_forward_backward,
     time_passes,
 )
@@ -53,6 +54,8 @@ TUNING_BUDGET_EPOCHS = 1.0
 #: Steps run with each intra-op thread count when the CPU is oversubscribed
 #: (real steps, alternated; the median decides).
 THREAD_TRIAL_STEPS = 3
+#: A thread count whose step is this much slower than the other's loses at once.
+THREAD_TRIAL_CLEAR = 2.0
 #: Work of timing one pass and two passes, ``REPEATS`` times each, in units of
 #: one pass (two passes run a forward more).
 PASS_TIMING_PASSES = REPEATS * 2.5
@@ -137,6 +140,7 @@ class Planner:
         self.tuning_seconds = 0.0
         # intra-op threads -> seconds of the steps run with them, while deciding
         self.step_seconds: Dict[Optional[int], List[float]] = {}
+        self.threads_decided = False
         """Wall-clock seconds spent timing calls (forward size, passes)."""
 
     @property
@@ -204,26 +208,26 @@ class Planner:
 
         On an oversubscribed CPU the tuner timed the net's calls with each
         thread count, but a step also runs many small operations, whose thread
-        teams wait for cores as well: the first steps alternate the counts and
-        the faster in the median of :data:`THREAD_TRIAL_STEPS` steps is kept.
+        teams wait for cores as well: the first steps alternate the counts
+        (the tuner's choice first) and the faster in the median of
+        :data:`THREAD_TRIAL_STEPS` steps each is kept, or at once when one
+        step is :data:`THREAD_TRIAL_CLEAR` times slower than the other's.
         """
-        if workload is None or self.forward_size != "auto":
+        trial = self._thread_trial(workload)
+        if trial is None:
+            return self.threads(workload)
+        options = sorted(trial.thread_options, key=lambda t: t != trial.threads)
+        counts = {t: len(self.step_seconds.get(t, [])) for t in options}
+        return min(options, key=lambda t: counts[t])
+
+    def _thread_trial(self, workload: Optional[Workload]) -> Optional[TuningResult]:
+        """The tuning whose thread count is still being tried on steps, if any."""
+        if workload is None or self.forward_size != "auto" or self.threads_decided:
             return None
         result = self.forward_sizes.results.get(workload.key)
-        if result is None or len(result.thread_options) < 2 or self._trial_done:
-            return self.threads(workload)
-        counts = {t: len(self.step_seconds.get(t, [])) for t in result.thread_options}
-        return min(result.thread_options, key=lambda t: counts[t])
-
-    @property
-    def _trial_done(self) -> bool:
-        return (
-            bool(self.step_seconds)
-            and all(
-                len(times) >= THREAD_TRIAL_STEPS for times in self.step_seconds.values()
-            )
-            and len(self.step_seconds) > 1
-        )
+        if result is None or len(result.thread_options) < 2:
+            return None
+        return result
 
     def _record_step(
         self,
@@ -231,25 +235,28 @@ class Planner:
         threads: Optional[int],
         seconds: float,
     ) -> None:
-        if workload is None or self.forward_size != "auto":
-            return
-        result = self.forward_sizes.results.get(workload.key)
-        if result is None or len(result.thread_options) < 2 or self._trial_done:
+        trial = self._thread_trial(workload)
+        if trial is None:
             return
         self.step_seconds.setdefault(threads, []).append(seconds)
-        if self._trial_done:
-            medians = {t: float(np.median(s)) for t, s in self.step_seconds.items()}
-            result.threads = min(medians, key=lambda t: medians[t])
-            parts = ", ".join(
-                f"{th.get_num_threads() if t is None else t} thread(s): "
-                f"{m * 1e3:.3g} ms"
-                for t, m in medians.items()
-            )
-            self.log(
-                f"intra-op threads: {result.threads or th.get_num_threads()} "
-                f"(CPU oversubscribed; median step time over {THREAD_TRIAL_STEPS} "
-                f"steps each: {parts})",
-            )
+        times = [self.step_seconds.get(t, []) for t in trial.thread_options]
+        if not all(times):
+            return
+        medians = {t: float(np.median(s)) for t, s in self.step_seconds.items()}
+        clear = max(medians.values()) > THREAD_TRIAL_CLEAR * min(medians.values())
+        if not clear and min(len(s) for s in times) < THREAD_TRIAL_STEPS:
+            return
+        self.threads_decided = True
+        trial.threads = min(medians, key=lambda t: medians[t])
+        parts = ", ".join(
+            f"{th.get_num_threads() if t is None else t} thread(s): "
+            f"{m * 1e3:.3g} ms (x{len(self.step_seconds[t])})"
+            for t, m in medians.items()
+        )
+        self.log(
+            f"intra-op threads: {trial.threads or th.get_num_threads()} (CPU "
+            f"oversubscribed; median step time: {parts})",
+        )
 
     def plan(
         self,

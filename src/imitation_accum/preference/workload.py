@@ -37,16 +37,22 @@ class PairWorkload:
         engine: GradientAccumulator,
     ) -> "PairWorkload":
         """The workload of pairs ``local``; its key names what timings depend on."""
-        frame = np.asarray(table.pairs[0][0].obs)
-        key = forward_size.architecture_key(
-            task.net,
+        frame = table.pairs[0][0].obs
+        if not hasattr(frame, "dtype"):
+            frame = np.asarray(frame)
+        extra = (
             frame.shape[1:],
             frame.dtype,
             str(task.device),
             engine.autocast_dtype,
             bool(engine.checkpointed),
         )
-        return cls(task, table, local, engine, key)
+        # Built once per net and input: a step should not walk the parameters.
+        cached = task.workload_keys.get(extra)
+        if cached is None:
+            cached = forward_size.architecture_key(task.net, *extra)
+            task.workload_keys[extra] = cached
+        return cls(task, table, local, engine, cached)
 
     @property
     def epoch_transitions(self) -> int:
