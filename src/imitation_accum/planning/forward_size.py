@@ -11,7 +11,7 @@ import dataclasses
 import itertools
 import statistics
 import time
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch as th
 from torch import nn
@@ -360,7 +360,7 @@ class ForwardSizes:
         key: Hashable,
         max_size: int,
         time_per_transition: Callable[[int], float],
-        **search: object,
+        **search: Any,
     ) -> int:
         """The call size for calls of at most ``max_size`` transitions.
 

@@ -40,6 +40,11 @@ Pair = pair_table.Pair
 #: (small inputs, such as an MLP's: per-call gathering would cost more than
 #: the call).
 STAGED_INPUT_BYTES = 4 * 2**20
+#: A dataset whose converted inputs take at most this many bytes is converted
+#: once per ``train()`` call; each step then indexes the rows of its batch.
+STAGED_TABLE_BYTES = 16 * 2**20
+
+Inputs = Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]
 
 
 @dataclasses.dataclass
@@ -90,6 +95,17 @@ class TransitionChunk:
         return self.stop - self.start
 
 
+def _transition_rows(
+    offsets: np.ndarray,
+    items: np.ndarray,
+    lengths: np.ndarray,
+) -> np.ndarray:
+    """Rows of fragments ``items`` (of ``lengths``) in a layout with ``offsets``."""
+    starts = offsets[items]
+    before = np.cumsum(lengths) - lengths
+    return np.arange(int(lengths.sum())) + np.repeat(starts - before, lengths)
+
+
 def _sub_layout(
     layout: fragments.FragmentLayout,
     items: slice,
@@ -135,7 +151,7 @@ def make_chunks(
             for side, start, stop in plan.transition_chunks
         ]
     if task.stages(table, local):
-        return task.staged_chunks(table, local, plan.item_chunks)
+        return list(task.staged_chunks(table, local, plan.item_chunks))
     return [task.make_chunk(table, local[s]) for s in plan.item_chunks]
 
 
@@ -235,6 +251,7 @@ class PreferenceTask:
         self.call_target: th.nn.Module = net
         self.device = net.device
         self.inputs = input_preparation.InputPreparer(net)
+        self._staged_table: Optional[tuple] = None
         self.workload_keys: Dict[Hashable, Hashable] = {}
         """Timing keys of this net, by input (see ``PairWorkload.of``)."""
 
@@ -267,11 +284,57 @@ class PreferenceTask:
         """
         if getattr(self.inputs, "_owner", None) is None or not len(local):
             return False
-        frame = table.pairs[int(local[0])][0].obs
-        width = int(np.prod(frame.shape[1:])) * 4  # float32 after conversion
-        per_transition = width * (2 if self.inputs.reads_next_state else 1)
         n_transitions = int(table.lengths[local].sum())
-        return n_transitions * per_transition <= STAGED_INPUT_BYTES
+        return n_transitions * self._input_bytes(table) <= STAGED_INPUT_BYTES
+
+    def _input_bytes(self, table: pair_table.PreferenceTable) -> int:
+        """Bytes of one transition's converted inputs (float32 observations)."""
+        frame: np.ndarray = table.pairs[0][0].obs  # type: ignore[assignment]
+        width = int(np.prod(frame.shape[1:])) * 4
+        return width * (2 if self.inputs.reads_next_state else 1)
+
+    def _batch_inputs(
+        self,
+        table: pair_table.PreferenceTable,
+        local: np.ndarray,
+        layouts: Sequence[fragments.FragmentLayout],
+    ) -> List[Inputs]:
+        """Each side's converted inputs of pairs ``local``, in layout order."""
+        staged = self._table_inputs(table)
+        if staged is None:
+            return [
+                self._convert(layout, 0, layout.n_transitions) for layout in layouts
+            ]
+        batch = []
+        for side, (side_inputs, offsets) in enumerate(staged):
+            rows = _transition_rows(offsets, local, table.lengths[local, side])
+            index = th.as_tensor(rows, device=self.device)
+            picked: Dict[int, th.Tensor] = {}  # next_state may be state itself
+            for tensor in side_inputs:
+                if id(tensor) not in picked:
+                    picked[id(tensor)] = tensor.index_select(0, index)
+            batch.append(tuple(picked[id(t)] for t in side_inputs))
+        return batch  # type: ignore[return-value]
+
+    def _table_inputs(
+        self,
+        table: pair_table.PreferenceTable,
+    ) -> Optional[List[Tuple[Inputs, np.ndarray]]]:
+        """The whole dataset's converted inputs per side, if small; cached."""
+        cached = self._staged_table
+        if cached is not None and cached[0] is table and cached[1] == self.device:
+            return cached[2]
+        if table.lengths.sum() * self._input_bytes(table) > STAGED_TABLE_BYTES:
+            return None
+        every = np.arange(len(table))
+        sides = []
+        for side in (0, 1):
+            layout = table.side_layout(every, side)
+            sides.append(
+                (self._convert(layout, 0, layout.n_transitions), layout.offsets)
+            )
+        self._staged_table = (table, self.device, sides)
+        return sides
 
     def staged_chunks(
         self,
@@ -281,9 +344,7 @@ class PreferenceTask:
     ) -> List[PairChunk]:
         """Chunks of pairs ``local`` whose calls slice inputs converted once."""
         batch = self.make_chunk(table, local)
-        inputs = [
-            self._convert(layout, 0, layout.n_transitions) for layout in batch.layouts
-        ]
+        inputs = self._batch_inputs(table, local, batch.layouts)
         chunks = []
         for items in item_chunks:
             layouts = tuple(_sub_layout(layout, items) for layout in batch.layouts)

@@ -37,12 +37,10 @@ class PairWorkload:
         engine: GradientAccumulator,
     ) -> "PairWorkload":
         """The workload of pairs ``local``; its key names what timings depend on."""
-        frame = table.pairs[0][0].obs
-        if not hasattr(frame, "dtype"):
-            frame = np.asarray(frame)
-        extra = (
-            frame.shape[1:],
-            frame.dtype,
+        frame: np.ndarray = np.asarray(table.pairs[0][0].obs)
+        extra: Tuple[Hashable, ...] = (
+            tuple(frame.shape[1:]),
+            str(frame.dtype),
             str(task.device),
             engine.autocast_dtype,
             bool(engine.checkpointed),
