@@ -74,9 +74,9 @@ CONFIGS = {
     "cnn210": ((210, 160, 3), "cnn", 2, 25, 2, 1),
 }
 #: Epochs of the timed ``train`` call of each configuration (after a warm-up).
-EPOCHS = {"mlp": 5, "cnn84-25": 1, "cnn84-100": 1, "cnn210": 1}
+EPOCHS = {"mlp": 2, "cnn84-25": 1, "cnn84-100": 1, "cnn210": 1}
 #: The bare loop's call sizes tried on the CNNs (the fastest is the floor).
-FLOOR_CNN_SIZES = (1, 2, 4)
+FLOOR_CNN_SIZES = (2, 4)
 #: --busy: the competing job multiplies matrices of this size, with as many
 #: intra-op threads as the machine has cores.
 COMPETITOR_MATRIX = 384
