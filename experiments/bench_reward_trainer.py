@@ -73,8 +73,10 @@ CONFIGS = {
     "cnn84-100": ((84, 84, 4), "cnn", 2, 100, 2, 1),
     "cnn210": ((210, 160, 3), "cnn", 2, 25, 2, 1),
 }
-#: Epochs of the timed ``train`` call of each configuration (after a warm-up).
-EPOCHS = {"mlp": 2, "cnn84-25": 1, "cnn84-100": 1, "cnn210": 1}
+#: Epochs of the timed ``train`` call of each configuration (after a warm-up);
+#: imitation's MLP epochs take 100x longer on a loaded machine than the others.
+EPOCHS = {"mlp": 20, "cnn84-25": 1, "cnn84-100": 1, "cnn210": 1}
+IMITATION_EPOCHS = {"mlp": 2}
 #: The bare loop's call sizes tried on the CNNs (the fastest is the floor).
 FLOOR_CNN_SIZES = (2, 4)
 #: --busy: the competing job multiplies matrices of this size, with as many
@@ -419,7 +421,10 @@ def main() -> None:
                     order = order[::-1]
                 with Competitor() if mode == "busy" else contextlib.nullcontext():
                     for impl in order:
-                        run = run_worker(impl, config, epochs)
+                        n = epochs
+                        if impl == "imitation" and not args.epochs:
+                            n = min(epochs, IMITATION_EPOCHS.get(config, epochs))
+                        run = run_worker(impl, config, n)
                         runs[config, mode].setdefault(impl, []).append(run)
                         print(json.dumps({"mode": mode, **run}), flush=True)
     write_tables(runs, args.out_dir, repeats)
