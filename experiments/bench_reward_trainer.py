@@ -69,14 +69,14 @@ CONFIGS = {
     # configs are small (a few pairs, one or two steps an epoch) so that a full
     # run, every point in a fresh process, quiet and busy, fits in ~25 minutes.
     "mlp": ((4,), "mlp", 64, 50, 64, 16),
-    "cnn84-25": ((84, 84, 4), "cnn", 4, 25, 4, 2),
+    "cnn84-25": ((84, 84, 4), "cnn", 2, 25, 2, 1),
     "cnn84-100": ((84, 84, 4), "cnn", 2, 100, 2, 1),
     "cnn210": ((210, 160, 3), "cnn", 2, 25, 2, 1),
 }
 #: Epochs of the timed ``train`` call of each configuration (after a warm-up);
 #: imitation's MLP epochs take 100x longer on a loaded machine than the others.
 EPOCHS = {"mlp": 20, "cnn84-25": 1, "cnn84-100": 1, "cnn210": 1}
-IMITATION_EPOCHS = {"mlp": 2}
+IMITATION_EPOCHS = {"mlp": 1}
 #: The bare loop's call sizes tried on the CNNs (the fastest is the floor).
 FLOOR_CNN_SIZES = (2, 4)
 #: --busy: the competing job multiplies matrices of this size, with as many

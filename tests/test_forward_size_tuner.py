@@ -180,7 +180,7 @@ def test_steps_alternate_thread_counts_then_keep_the_faster():
         size=8,
         at_limit=False,
         threads=None,
-        timings={(8, None): [1.0]},
+        timings={(8, 2): [1.0], (8, 1): [1.2]},  # calls alike: steps decide
         excluded={},
         seconds=0.0,
         budget_seconds=None,

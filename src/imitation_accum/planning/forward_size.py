@@ -25,6 +25,8 @@ from imitation_accum.planning import cpu_load
 TUNING_TRANSITIONS = 16
 #: Measurements of each timing that count, interleaved (their median counts).
 REPEATS = 3
+#: A thread count this much slower than another at the same size is dropped.
+OUTRUN_RATIO = 2.0
 
 Candidate = Tuple[int, Optional[int]]
 """``(transitions per call, intra-op threads or None for unchanged)``."""
@@ -182,6 +184,11 @@ class ForwardSizeTuner:
                         raise
                     scanning = []  # larger calls do not fit: the best so far it is
                     break
+                if search.outrun((size, threads)):
+                    # Another thread count is far faster at this size: this
+                    # one's team waits for taken cores; no more time on it.
+                    slower_in_a_row[threads] = 2
+                    continue
                 search.recheck_if_implausible((size, threads))
                 if search.median((size, threads)) > self.stop_ratio * search.best():
                     slower_in_a_row[threads] += 1
@@ -296,6 +303,15 @@ class _Search:
         same = sorted(c for c in self.usable() if c[1] == candidate[1])
         index = same.index(candidate)
         return same[max(0, index - 1) : index + 2]
+
+    def outrun(self, candidate: Candidate) -> bool:
+        """Whether another thread count is ``OUTRUN_RATIO`` times faster at its size."""
+        others = [
+            self.median(c)
+            for c in self.usable()
+            if c[0] == candidate[0] and c[1] != candidate[1]
+        ]
+        return bool(others) and self.median(candidate) > OUTRUN_RATIO * min(others)
 
     def implausible(self, first: Candidate, second: Candidate) -> bool:
         ratio = self.median(first) / max(self.median(second), 1e-12)

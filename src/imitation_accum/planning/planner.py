@@ -216,7 +216,7 @@ class Planner:
         trial = self._thread_trial(workload)
         if trial is None:
             return self.threads(workload)
-        options = sorted(trial.thread_options, key=lambda t: t != trial.threads)
+        options = sorted(self._trial_options(trial), key=lambda t: t != trial.threads)
         counts = {t: len(self.step_seconds.get(t, [])) for t in options}
         return min(options, key=lambda t: counts[t])
 
@@ -225,9 +225,25 @@ class Planner:
         if workload is None or self.forward_size != "auto" or self.threads_decided:
             return None
         result = self.forward_sizes.results.get(workload.key)
-        if result is None or len(result.thread_options) < 2:
+        if result is None or len(self._trial_options(result)) < 2:
             return None
         return result
+
+    @staticmethod
+    def _trial_options(result: TuningResult) -> List[Optional[int]]:
+        """Thread counts worth trying on steps: calls within 2x of the best."""
+        best: Dict[Optional[int], float] = {}
+        for (_, threads), _times in result.timings.items():
+            if (_, threads) in result.excluded:
+                continue
+            median = result.median((_, threads))
+            best[threads] = min(best.get(threads, median), median)
+        fastest = min(best.values(), default=0.0)
+        return [
+            t
+            for t in result.thread_options
+            if t in best and best[t] <= THREAD_TRIAL_CLEAR * fastest
+        ]
 
     def _record_step(
         self,
@@ -239,7 +255,7 @@ class Planner:
         if trial is None:
             return
         self.step_seconds.setdefault(threads, []).append(seconds)
-        times = [self.step_seconds.get(t, []) for t in trial.thread_options]
+        times = [self.step_seconds.get(t, []) for t in self._trial_options(trial)]
         if not all(times):
             return
         medians = {t: float(np.median(s)) for t, s in self.step_seconds.items()}
