@@ -43,6 +43,7 @@ writes ``bench_reward_trainer_memory.md``.
 """
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -65,11 +66,22 @@ import _results
 
 CONFIGS = {
     # name: (obs shape, net, pairs, fragment length, batch, minibatch); the CNN
-    # configs use imitation's default fragment length, 100.
-    "mlp": ((4,), "mlp", 64, 50, 32, 8),
-    "cnn84": ((84, 84, 4), "cnn", 8, 100, 4, 2),
-    "cnn210": ((210, 160, 3), "cnn", 2, 100, 2, 1),
+    # configs are small (a few pairs, one or two steps an epoch) so that a full
+    # run, every point in a fresh process, quiet and busy, fits in ~25 minutes.
+    "mlp": ((4,), "mlp", 64, 50, 64, 16),
+    "cnn84-25": ((84, 84, 4), "cnn", 2, 25, 2, 1),
+    "cnn84-100": ((84, 84, 4), "cnn", 2, 100, 2, 1),
+    "cnn210": ((210, 160, 3), "cnn", 2, 25, 2, 1),
 }
+#: Epochs of the timed ``train`` call of each configuration (after a warm-up);
+#: imitation's MLP epochs take 100x longer on a loaded machine than the others.
+EPOCHS = {"mlp": 20, "cnn84-25": 1, "cnn84-100": 1, "cnn210": 1}
+IMITATION_EPOCHS = {"mlp": 1}
+#: The bare loop's call sizes tried on the CNNs (the fastest is the floor).
+FLOOR_CNN_SIZES = (2, 4)
+#: --busy: the competing job multiplies matrices of this size, with as many
+#: intra-op threads as the machine has cores.
+COMPETITOR_MATRIX = 384
 N_ACTIONS = 6
 # --quick --memory: pairs and fragment length of its cnn84 points.
 QUICK_MEMORY_DATA = {"pairs": 8, "length": 5}
@@ -119,10 +131,23 @@ def time_epochs(run_epochs, epochs):
 
     A one-epoch call first warms up (and tunes the forward size).
     """
+    return time_first_and_epochs(run_epochs, epochs)[1]
+
+
+def time_first_and_epochs(run_epochs, epochs):
+    """Seconds of a first one-epoch call, and per epoch of a later call."""
+    start = time.perf_counter()
     run_epochs(1)
+    first = time.perf_counter() - start
     start = time.perf_counter()
     run_epochs(epochs)
-    return (time.perf_counter() - start) / epochs
+    return first, (time.perf_counter() - start) / epochs
+
+
+def load_average() -> float:
+    """The machine's one-minute load average."""
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
 
 
 def worker(
@@ -144,7 +169,7 @@ def worker(
     dataset = make_data(shape, n_pairs, length)
     net = make_net(shape, kind)
     logger = imit_logger.configure(format_strs=[])
-    extra = {}
+    extra = {"load_average": load_average()}
     baseline = rss_bytes()
     if impl == "imitation":
         trainer = pc.BasicRewardTrainer(
@@ -161,14 +186,27 @@ def worker(
         # time two passes, whose RSS then counts too).
         options = {"two_pass": False} if one_pass else {}
         trainer = accum_trainer(net, batch_size, minibatch_size, **options)
-        seconds = time_epochs(lambda k: train_epochs(trainer, dataset, k), epochs)
+        first, seconds = time_first_and_epochs(
+            lambda k: train_epochs(trainer, dataset, k), epochs
+        )
+        extra["first_train_seconds"] = first
         extra["forward_size"] = trainer.last_plan.forward_size
         extra["two_pass"] = trainer.last_plan.two_pass
+        # getattr: the worker also times older versions of the package.
+        extra["tuning_seconds"] = getattr(trainer.planner, "tuning_seconds", 0.0)
+        sizes = trainer.planner.forward_sizes
+        results = list(getattr(sizes, "results", {}).values())
+        extra["threads"] = results[0].threads if results else None
+        extra["oversubscribed"] = bool(results and results[0].oversubscribed)
     elif impl == "floor":
         best = None
-        for fs in floor_forward_sizes(kind, minibatch_size * 2 * length):
+        sizes = floor_forward_sizes(kind, minibatch_size * 2 * length)
+        FloorLoop(net, dataset, batch_size, minibatch_size, sizes[0]).epochs(1)
+        for fs in sizes:  # warmed up once; then each size's epochs timed
             loop = FloorLoop(net, dataset, batch_size, minibatch_size, fs)
-            seconds = time_epochs(loop.epochs, epochs)
+            start = time.perf_counter()
+            loop.epochs(epochs)
+            seconds = (time.perf_counter() - start) / epochs
             if best is None or seconds < best[0]:
                 best = (seconds, fs)
         seconds, extra["forward_size"] = best
@@ -213,8 +251,7 @@ def train_epochs(trainer, dataset, epochs):
 def floor_forward_sizes(kind, chunk_transitions):
     if kind == "mlp":
         return [chunk_transitions]
-    sizes = [s for s in (2, 5, 10, 25) if s < chunk_transitions]
-    return [*sizes, chunk_transitions]
+    return [s for s in FLOOR_CNN_SIZES if s <= chunk_transitions]
 
 
 class FloorLoop:
@@ -290,10 +327,40 @@ def run_worker(impl, config, epochs, env=None, **kwargs) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def competitor() -> None:
+    """--busy's competing job: matrix multiplies on every core, until killed."""
+    th.set_num_threads(os.cpu_count() or 1)
+    a = th.randn(COMPETITOR_MATRIX, COMPETITOR_MATRIX)
+    b = th.randn(COMPETITOR_MATRIX, COMPETITOR_MATRIX)
+    th.mm(a, b)
+    print("ready", flush=True)
+    while True:
+        a = th.mm(a, b).clamp_(-1, 1)
+
+
+class Competitor:
+    """Runs :func:`competitor` in a separate process for the ``with`` block."""
+
+    def __enter__(self):
+        cmd = [sys.executable, __file__, "--competitor"]
+        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout is not None
+        if self.process.stdout.readline().strip() != "ready":
+            raise RuntimeError("the competing job did not start")
+        return self
+
+    def __exit__(self, *exc):
+        self.process.kill()
+        self.process.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", nargs=2, metavar=("IMPL", "CONFIG"))
-    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--competitor", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--epochs", type=int, help="epochs per timed call (default: per config)"
+    )
     parser.add_argument("--minibatch", type=int)
     parser.add_argument("--batch", type=int)
     parser.add_argument("--one-pass", action="store_true")
@@ -304,17 +371,26 @@ def main() -> None:
         action="store_true",
         help="seconds, to check it runs: mlp only, 2 epochs, 1 repeat",
     )
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--configs", nargs="*", choices=list(CONFIGS))
+    parser.add_argument(
+        "--busy",
+        action="store_true",
+        help="also measure every point with a competing PyTorch job (a "
+        "matrix-multiply loop on every core, in its own process) running",
+    )
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--same-process", action="store_true")
     _results.add_out_dir(parser)
     args = parser.parse_args()
     _results.resolve_out_dir(args)
+    if args.competitor:
+        competitor()
+        return
     if args.worker:
         result = worker(
             *args.worker,
-            args.epochs,
+            args.epochs or EPOCHS[args.worker[1]],
             args.minibatch,
             args.batch,
             args.one_pass,
@@ -331,25 +407,35 @@ def main() -> None:
         configs = ["mlp"] if args.quick else list(SAME_PROCESS)
         same_process_table(args.out_dir, repeats, configs, quick=args.quick)
         return
-    epochs = 2 if args.quick else args.epochs
     configs = args.configs or (["mlp"] if args.quick else list(CONFIGS))
-    rows = []
-    for config in configs:
-        results: dict = {}
-        # Interleaved fresh processes; the fastest run of each counts, as other
-        # load on a shared machine only ever slows a run down.
-        for _ in range(repeats):
-            for impl in ("imitation", "accum", "floor"):
-                run = run_worker(impl, config, epochs)
-                best = results.get(impl)
-                if best is None or run["seconds_per_epoch"] < best["seconds_per_epoch"]:
-                    results[impl] = run
-        rows.append(results)
-        print(json.dumps(results), flush=True)
-    write_tables(rows, args.out_dir)
+    modes = ("quiet", "busy") if args.busy else ("quiet",)
+    runs: dict = {(c, m): {} for c in configs for m in modes}
+    # Interleaved fresh processes: every repeat measures every point once, so
+    # that drifting load on a shared machine reaches all of them alike.
+    for repeat in range(repeats):
+        for config in configs:
+            epochs = 2 if args.quick else (args.epochs or EPOCHS[config])
+            for mode in modes:
+                order = ("imitation", "accum", "floor")
+                if repeat % 2:
+                    order = order[::-1]
+                with Competitor() if mode == "busy" else contextlib.nullcontext():
+                    for impl in order:
+                        n = epochs
+                        if impl == "imitation" and not args.epochs:
+                            n = min(epochs, IMITATION_EPOCHS.get(config, epochs))
+                        run = run_worker(impl, config, n)
+                        runs[config, mode].setdefault(impl, []).append(run)
+                        print(json.dumps({"mode": mode, **run}), flush=True)
+    write_tables(runs, args.out_dir, repeats)
 
 
-def write_tables(rows, out_dir: Path) -> None:
+def _median(values):
+    return float(np.median(values))
+
+
+def write_tables(runs, out_dir: Path, repeats: int) -> None:
+    """The table of medians; ratios are medians of each repeat's ratio."""
     header = (
         "config",
         "batch / minibatch",
@@ -360,23 +446,73 @@ def write_tables(rows, out_dir: Path) -> None:
         "accum / floor",
         "accum forward_size",
         "floor forward_size",
+        "machine",
+        "load average (1 min)",
+        "tuning s (epochs)",
+        "first train() s",
         "peak RSS MiB (imitation / accum / floor)",
     )
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
+    for (config, mode), r in runs.items():
         i, a, f = r["imitation"], r["accum"], r["floor"]
+
+        def secs(rs):
+            return [x["seconds_per_epoch"] for x in rs]
+
+        t_i, t_a, t_f = _median(secs(i)), _median(secs(a)), _median(secs(f))
+        speedup = _median([x / y for x, y in zip(secs(i), secs(a))])
+        to_floor = _median([x / y for x, y in zip(secs(a), secs(f))])
+        sizes = sorted({str(x["forward_size"]) for x in a})
+        threads = sorted({str(x["threads"]) for x in a if x.get("threads")})
+        two_pass = any(x.get("two_pass") for x in a)
+        accum_size = "/".join(sizes) + (" (two-pass)" if two_pass else "")
+        if threads:
+            accum_size += f", {'/'.join(threads)} thread(s)"
+        floor_sizes = "/".join(sorted({str(x["forward_size"]) for x in f}))
+        loads = [x["load_average"] for x in i + a + f]
+        tuning = _median([x["tuning_seconds"] for x in a])
+        first = _median([x["first_train_seconds"] for x in a])
+        busy = sum(bool(x.get("oversubscribed")) for x in a)
         lines.append(
-            f"| {a['config']} | {a['batch_size']} / {a['minibatch_size']} "
-            f"| {i['seconds_per_epoch']:.3f} | {a['seconds_per_epoch']:.3f} "
-            f"| {f['seconds_per_epoch']:.3f} "
-            f"| {i['seconds_per_epoch'] / a['seconds_per_epoch']:.2f}x "
-            f"| {a['seconds_per_epoch'] / f['seconds_per_epoch']:.2f}x "
-            f"| {a.get('forward_size')}{' (two-pass)' if a.get('two_pass') else ''} "
-            f"| {f.get('forward_size')} "
-            f"| {i['peak_rss_mib']:.0f} / {a['peak_rss_mib']:.0f} "
-            f"/ {f['peak_rss_mib']:.0f} |",
+            f"| {config} | {a[0]['batch_size']} / {a[0]['minibatch_size']} "
+            f"| {t_i:.4g} | {t_a:.4g} | {t_f:.4g} "
+            f"| {speedup:.2f}x | {to_floor:.2f}x "
+            f"| {accum_size} | {floor_sizes} "
+            f"| {mode} (tuner saw it busy {busy}/{len(a)}) "
+            f"| {_median(loads):.2f} ({min(loads):.2f}-{max(loads):.2f}) "
+            f"| {tuning:.3g} ({tuning / t_a:.2g}) | {first:.3g} "
+            f"| {_median([x['peak_rss_mib'] for x in i]):.0f} "
+            f"/ {_median([x['peak_rss_mib'] for x in a]):.0f} "
+            f"/ {_median([x['peak_rss_mib'] for x in f]):.0f} |",
         )
+    lines += [
+        "",
+        f"Medians of {repeats} repeats, each point in a fresh process, the repeats "
+        "interleaved (every point once per repeat); ratios are medians of the "
+        "ratios within a repeat. busy: a competing PyTorch job (a "
+        f"{COMPETITOR_MATRIX}x{COMPETITOR_MATRIX} matrix-multiply loop with one "
+        "intra-op thread per core, in its own process) runs during the point. "
+        "Tuning: seconds the planner spent timing calls (forward size, one pass "
+        "against two) in the first train(), and that in epochs of the timed "
+        "train(); first train(): the whole one-epoch first call. Load average: "
+        "the median (range) of /proc/loadavg's one-minute figure at the start of "
+        f"the points; commit {_results_commit()}.",
+    ]
     write(out_dir / "bench_reward_trainer.md", lines)
+
+
+def _results_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out or "unknown"
 
 
 def write(path: Path, lines) -> None:
@@ -388,7 +524,7 @@ def write(path: Path, lines) -> None:
 
 
 # config -> (forward sizes, epochs per timed call)
-SAME_PROCESS = {"mlp": ((800,), 25), "cnn84": ((2, 4, 5, 8), 2)}
+SAME_PROCESS = {"mlp": ((800,), 25), "cnn84-100": ((2, 4, 5, 8), 2)}
 
 
 def same_process_table(out_dir: Path, repeats: int, configs, quick=False) -> None:
@@ -432,14 +568,14 @@ def memory_table(out_dir: Path, epochs: int, quick=False) -> None:
     ``quick``: batch 4, minibatch sizes 1 and 2, short fragments.
     """
     env = {"MALLOC_MMAP_THRESHOLD_": "131072"}
-    data = QUICK_MEMORY_DATA if quick else {}
+    data = QUICK_MEMORY_DATA if quick else {"pairs": 8}
     runs = []
     for batch in (4,) if quick else (4, 8):
         for minibatch in (1, 2) if quick else (1, 2, 4):
             runs.append(
                 run_worker(
                     "accum",
-                    "cnn84",
+                    "cnn84-100",
                     epochs,
                     env=env,
                     batch=batch,

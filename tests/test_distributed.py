@@ -258,7 +258,7 @@ def scenario_auto_forward_size(rank: int) -> Dict[str, Any]:
     tuner_calls = [0]
     original = planning.ForwardSizeTuner.tune
 
-    def rank_dependent(self, time_per_transition, max_size):
+    def rank_dependent(self, time_per_transition, max_size, **search):
         tuner_calls[0] += 1
         return min(2 if rank == 0 else 5, max_size)
 

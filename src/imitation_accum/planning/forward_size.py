@@ -7,88 +7,351 @@ saturated. :class:`ForwardSizeTuner` times sizes 1, 2, 4, ...;
 the planner that owns it; :func:`time_passes` times one pass against two.
 """
 
+import dataclasses
+import itertools
+import statistics
 import time
-from typing import Callable, Dict, Hashable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch as th
 from torch import nn
 
 from imitation_accum.engine import observability
+from imitation_accum.planning import cpu_load
 
-#: Transitions each forward-size measurement runs (fewer in smaller chunks): a
-#: one-pass chunk's worth, so that the allocator and caches see what a step does.
-TUNING_TRANSITIONS = 256
-#: Measurements longer than this (seconds) are not repeated.
-LONG_MEASUREMENT_SECONDS = 0.5
+#: Fewest transitions one forward-size measurement runs (two calls at least):
+#: enough for a few calls of small sizes, so that the allocator and caches see
+#: what a step does, and cheap enough to repeat.
+TUNING_TRANSITIONS = 16
+#: Measurements of each timing that count, interleaved (their median counts).
+REPEATS = 3
+#: A thread count this much slower than another at the same size is dropped.
+OUTRUN_RATIO = 2.0
+
+Candidate = Tuple[int, Optional[int]]
+"""``(transitions per call, intra-op threads or None for unchanged)``."""
+
+
+@dataclasses.dataclass
+class TuningResult:
+    """What a forward-size search measured and chose."""
+
+    size: int
+    """The chosen transitions per call."""
+    at_limit: bool
+    """Whether the choice is the largest size tried (larger may be faster)."""
+    threads: Optional[int]
+    """Intra-op threads to run the calls with (``None``: unchanged)."""
+    timings: Dict[Candidate, List[float]]
+    """Seconds per transition measured for each candidate, in order."""
+    excluded: Dict[Candidate, str]
+    """Candidates set aside as implausible, and why."""
+    seconds: float
+    """Wall-clock seconds the search took."""
+    budget_seconds: Optional[float]
+    """The time the search was allowed (``None``: unlimited)."""
+    oversubscribed: bool = False
+    """Whether the CPU's cores were found taken by other threads."""
+    thread_options: Tuple[Optional[int], ...] = (None,)
+    """The intra-op thread counts timed."""
+
+    def median(self, candidate: Candidate) -> float:
+        """The median seconds per transition of ``candidate``."""
+        return statistics.median(self.timings[candidate])
+
+    def describe(self) -> str:
+        """One line: the choice, the medians measured and the cost."""
+
+        def name(candidate: Candidate) -> str:
+            size, threads = candidate
+            return f"{size}" if threads is None else f"{size}@{threads}t"
+
+        parts = [
+            f"{name(c)}: {self.median(c) * 1e6:.3g} us (x{len(t)})"
+            for c, t in sorted(self.timings.items(), key=lambda kv: kv[0][0])
+        ]
+        threads = "" if self.threads is None else f", {self.threads} intra-op thread(s)"
+        budget = (
+            "" if self.budget_seconds is None else f" of {self.budget_seconds:.3g} s"
+        )
+        text = (
+            f"forward_size: {self.size} transitions per reward-net call{threads} "
+            f"(median time per transition: {', '.join(parts)}; tuning "
+            f"{self.seconds:.3g} s{budget}"
+        )
+        if self.oversubscribed:
+            text += "; CPU oversubscribed"
+        for candidate, why in self.excluded.items():
+            text += f"; {name(candidate)} set aside: {why}"
+        return text + ")"
 
 
 class ForwardSizeTuner:
     """Chooses transitions per reward-net call by timing real calls.
 
-    Sizes 1, 2, 4, ... are tried in turn, each timed as the best of ``repeats``
-    measurements of the time per transition; the search stops once a size is
-    ``stop_ratio`` times slower than the best seen (past the optimum) or at
-    ``max_size``. The smallest size within ``tolerance`` of the best wins: on a
-    CPU, smaller calls keep each activation within the allocator's reused blocks
-    and the caches. An MLP, whose calls are dominated by fixed overhead, ends at
-    ``max_size``.
+    Sizes 1, 2, 4, ... up to ``max_size`` are scanned in turn, each timed once;
+    the scan stops once two sizes in a row are ``stop_ratio`` times slower per
+    transition than the best (past the optimum: one slow timing is not enough).
+    The best sizes and their neighbours are then re-timed, interleaved, in
+    alternating order, until each has ``repeats`` timings; their medians decide.
+    A timing ``pathological_ratio`` times slower (or faster) per transition than
+    its neighbour's is implausible for a net (a call of twice the size does at
+    most twice the work), so both are re-timed; a size that stays so is set
+    aside as noise. The smallest size within ``tolerance`` of the best wins: on
+    a CPU, smaller calls keep each activation within the allocator's reused
+    blocks and the caches. An MLP, whose calls are dominated by fixed
+    overhead, ends at ``max_size``.
+
+    With several ``thread_options`` every size is timed with each (the CPU is
+    shared: fewer threads may be faster), and the pair that is fastest wins.
+    With ``budget_transitions`` (one epoch's transitions), the scan and re-timing of
+    sizes far from the best stop once it is spent; the best and its
+    neighbours always get ``repeats`` timings.
 
     Args:
-        repeats: Measurements per size (the fastest counts).
-        stop_ratio: Stop when a size is this much slower per transition than the
-            best so far.
+        repeats: Timings per candidate near the best (their median counts).
+        stop_ratio: A size this much slower per transition than the best counts
+            as past the optimum.
         tolerance: Sizes this close to the best count as equally fast.
+        pathological_ratio: Neighbouring sizes this far apart are re-timed.
     """
 
     def __init__(
         self,
         *,
-        repeats: int = 3,
+        repeats: int = REPEATS,
         stop_ratio: float = 1.15,
         tolerance: float = 1.05,
+        pathological_ratio: float = 10.0,
     ) -> None:
         self.repeats = repeats
         self.stop_ratio = stop_ratio
         self.tolerance = tolerance
+        self.pathological_ratio = pathological_ratio
+        self.last_result: Optional[TuningResult] = None
+        """The last search's measurements."""
 
-    def tune(self, time_per_transition: Callable[[int], float], max_size: int) -> int:
+    def tune(
+        self,
+        time_per_transition: Callable[[int], float],
+        max_size: int,
+        *,
+        budget_transitions: Optional[int] = None,
+        thread_options: Sequence[Optional[int]] = (None,),
+        oversubscribed: bool = False,
+    ) -> int:
         """Returns the size with the least time per transition.
+
+        The whole search is kept in :attr:`last_result` (:class:`TuningResult`).
 
         Args:
             time_per_transition: Runs forward+backward work in calls of the given
                 number of transitions and returns the seconds per transition.
             max_size: Largest size to try.
+            budget_transitions: The search may take as long as this many
+                transitions take at the best size found (one epoch's worth),
+                or ``None`` for no limit.
+            thread_options: Intra-op thread counts to time each size with
+                (``None``: as set).
+            oversubscribed: Recorded in the result (why threads were tried).
 
         Returns:
             The chosen number of transitions per call.
         """
-        times: Dict[int, float] = {}
-        size = 1
-        while True:
-            size = min(size, max_size)
-            try:
-                per_transition = self._measure(time_per_transition, size)
-            except th.OutOfMemoryError:
-                if not times:
-                    raise
-                break  # larger calls do not fit: the best so far it is
-            times[size] = per_transition
-            if per_transition > self.stop_ratio * min(times.values()):
-                break
-            if size == max_size:
-                break
-            size *= 2
-        best = min(times.values())
-        return min(s for s, t in times.items() if t <= self.tolerance * best)
+        begin = time.perf_counter()
+        search = _Search(self, time_per_transition, list(thread_options))
+        sizes = _doubling_sizes(max_size)
 
-    def _measure(self, time_per_transition: Callable[[int], float], size: int) -> float:
-        first = time_per_transition(size)
-        if first * max(size, TUNING_TRANSITIONS) > LONG_MEASUREMENT_SECONDS:
-            # A long measurement averages itself; repeating it costs seconds.
-            return first
-        return min(
-            [first] + [time_per_transition(size) for _ in range(self.repeats - 1)]
+        def budget() -> Optional[float]:
+            if budget_transitions is None or not search.usable():
+                return None
+            return budget_transitions * search.best()
+
+        def spent(share: float = 1.0) -> bool:
+            limit = budget()
+            return limit is not None and time.perf_counter() - begin > share * limit
+
+        with cpu_load.intra_op_threads(search.thread_options[-1]):
+            time_per_transition(1)  # warm-up (first calls, allocator): not counted
+        slower_in_a_row = {threads: 0 for threads in search.thread_options}
+        for size in sizes:
+            scanning = [t for t, n in slower_in_a_row.items() if n < 2]
+            for threads in scanning:  # thread options interleaved, size by size
+                try:
+                    search.measure((size, threads))
+                except th.OutOfMemoryError:
+                    if not search.timings:
+                        raise
+                    scanning = []  # larger calls do not fit: the best so far it is
+                    break
+                if search.outrun((size, threads)):
+                    # Another thread count is far faster at this size: this
+                    # one's team waits for taken cores; no more time on it.
+                    slower_in_a_row[threads] = 2
+                    continue
+                search.recheck_if_implausible((size, threads))
+                if search.median((size, threads)) > self.stop_ratio * search.best():
+                    slower_in_a_row[threads] += 1
+                else:
+                    slower_in_a_row[threads] = 0
+            if not scanning:
+                break
+            # The budget ends a scan that no longer improves; one that still
+            # does (calls dominated by fixed costs) runs on, each size costing
+            # about as much as the last.
+            improving = any(
+                search.median((size, t)) * self.tolerance
+                < search.previous_best(size, t)
+                for t in scanning
+            )
+            # The scan keeps a share of the budget for re-timing the contenders.
+            if spent(1 / self.repeats) and not improving:
+                break
+        # Interleaved re-timing: the contenders until each has `repeats`; the
+        # rest while the budget lasts.
+        for round_index in range(1, self.repeats):
+            order = search.contenders()
+            if not spent():
+                order = sorted(set(order) | set(search.near_best()), key=_order)
+            if round_index % 2:
+                order = order[::-1]
+            for candidate in order:
+                if len(search.timings[candidate]) <= round_index:
+                    search.measure(candidate)
+        search.recheck_neighbours()
+        size, threads = search.choice()
+        self.last_result = TuningResult(
+            size=size,
+            at_limit=size == max_size,
+            threads=threads,
+            timings=search.timings,
+            excluded=search.excluded,
+            seconds=time.perf_counter() - begin,
+            budget_seconds=budget(),
+            oversubscribed=oversubscribed,
+            thread_options=tuple(search.thread_options),
         )
+        return size
+
+
+def _order(candidate: Candidate) -> Tuple[int, int]:
+    return candidate[0], -1 if candidate[1] is None else candidate[1]
+
+
+def _doubling_sizes(max_size: int) -> List[int]:
+    sizes, size = [], 1
+    while size < max_size:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, max(1, max_size)]
+
+
+class _Search:
+    """The timings of one search and the rules that read them."""
+
+    def __init__(
+        self,
+        tuner: ForwardSizeTuner,
+        time_per_transition: Callable[[int], float],
+        thread_options: List[Optional[int]],
+    ) -> None:
+        self.tuner = tuner
+        self.time_per_transition = time_per_transition
+        self.thread_options = thread_options
+        self.timings: Dict[Candidate, List[float]] = {}
+        self.excluded: Dict[Candidate, str] = {}
+
+    def measure(self, candidate: Candidate) -> None:
+        size, threads = candidate
+        with cpu_load.intra_op_threads(threads):
+            seconds = self.time_per_transition(size)
+        self.timings.setdefault(candidate, []).append(seconds)
+
+    def median(self, candidate: Candidate) -> float:
+        return statistics.median(self.timings[candidate])
+
+    def usable(self) -> List[Candidate]:
+        return [c for c in self.timings if c not in self.excluded]
+
+    def best(self) -> float:
+        return min(self.median(c) for c in self.usable())
+
+    def previous_best(self, size: int, threads: Optional[int]) -> float:
+        """The best median of smaller sizes with ``threads`` (inf if none)."""
+        smaller = [c for c in self.usable() if c[1] == threads and c[0] < size]
+        return min((self.median(c) for c in smaller), default=float("inf"))
+
+    def near_best(self) -> List[Candidate]:
+        """Candidates within ``stop_ratio`` of the best, and their neighbours."""
+        best = self.best()
+        close = [
+            c for c in self.usable() if self.median(c) <= self.tuner.stop_ratio * best
+        ]
+        return sorted({n for c in close for n in self.neighbourhood(c)}, key=_order)
+
+    def contenders(self) -> List[Candidate]:
+        """The best candidate of each thread option and its neighbours."""
+        chosen = set()
+        for threads in self.thread_options:
+            mine = [c for c in self.usable() if c[1] == threads]
+            if mine:
+                best = min(mine, key=self.median)
+                chosen.update(self.neighbourhood(best))
+        return sorted(chosen, key=_order)
+
+    def neighbourhood(self, candidate: Candidate) -> List[Candidate]:
+        same = sorted(c for c in self.usable() if c[1] == candidate[1])
+        index = same.index(candidate)
+        return same[max(0, index - 1) : index + 2]
+
+    def outrun(self, candidate: Candidate) -> bool:
+        """Whether another thread count is ``OUTRUN_RATIO`` times faster at its size."""
+        others = [
+            self.median(c)
+            for c in self.usable()
+            if c[0] == candidate[0] and c[1] != candidate[1]
+        ]
+        return bool(others) and self.median(candidate) > OUTRUN_RATIO * min(others)
+
+    def implausible(self, first: Candidate, second: Candidate) -> bool:
+        ratio = self.median(first) / max(self.median(second), 1e-12)
+        limit = self.tuner.pathological_ratio
+        return ratio > limit or ratio < 1 / limit
+
+    def recheck_if_implausible(self, candidate: Candidate) -> None:
+        """Re-times ``candidate`` and its smaller neighbour if they are far apart."""
+        same = sorted(c for c in self.timings if c[1] == candidate[1])
+        index = same.index(candidate)
+        if index and self.implausible(candidate, same[index - 1]):
+            for _ in range(self.tuner.repeats - 1):
+                self.measure(same[index - 1])
+                self.measure(candidate)
+
+    def recheck_neighbours(self) -> None:
+        """Sets aside sizes that stay implausibly slow against a neighbour."""
+        for threads in self.thread_options:
+            same = sorted(c for c in self.timings if c[1] == threads)
+            for smaller, larger in itertools.pairwise(same):
+                if not self.implausible(smaller, larger):
+                    continue
+                for _ in range(max(0, self.tuner.repeats - len(self.timings[larger]))):
+                    self.measure(smaller)
+                    self.measure(larger)
+                if self.implausible(smaller, larger):
+                    slow = max((smaller, larger), key=self.median)
+                    other = larger if slow == smaller else smaller
+                    ratio = self.median(slow) / self.median(other)
+                    self.excluded[slow] = (
+                        f"{ratio:.3g}x slower per transition than size {other[0]}"
+                    )
+
+    def choice(self) -> Candidate:
+        usable = self.usable() or list(self.timings)
+        best = min(self.median(c) for c in usable)
+        within = [c for c in usable if self.median(c) <= self.tuner.tolerance * best]
+        # The smallest size; among thread options, the default first.
+        default = self.thread_options[0]
+        return min(within, key=lambda c: (c[0], c[1] != default))
 
 
 class ForwardSizes:
@@ -105,12 +368,15 @@ class ForwardSizes:
         self.tuner = tuner or ForwardSizeTuner()
         # key -> (tuned size, whether the search stopped at its size limit)
         self.found: Dict[Hashable, Tuple[int, bool]] = {}
+        self.results: Dict[Hashable, TuningResult] = {}
+        """key -> the search that tuned it (absent for sizes set from outside)."""
 
     def size(
         self,
         key: Hashable,
         max_size: int,
         time_per_transition: Callable[[int], float],
+        **search: Any,
     ) -> int:
         """The call size for calls of at most ``max_size`` transitions.
 
@@ -118,14 +384,23 @@ class ForwardSizes:
             key: Identifies what the timing depends on.
             max_size: Largest size worth trying (transitions in a chunk).
             time_per_transition: See :meth:`ForwardSizeTuner.tune`.
+            **search: Further arguments of :meth:`ForwardSizeTuner.tune`.
 
         Returns:
             The cached or freshly tuned size, at most ``max_size``.
         """
         if key not in self.found:
-            size = self.tuner.tune(time_per_transition, max_size)
+            self.tuner.last_result = None
+            size = self.tuner.tune(time_per_transition, max_size, **search)
             self.found[key] = (size, size == max_size)
+            if self.tuner.last_result is not None:
+                self.results[key] = self.tuner.last_result
         return self.resolve(self.found[key], max_size)
+
+    def threads(self, key: Hashable) -> Optional[int]:
+        """Intra-op threads the calls of ``key`` were tuned to (``None``: as set)."""
+        result = self.results.get(key)
+        return None if result is None else result.threads
 
     @staticmethod
     def resolve(found: Tuple[int, bool], max_size: int) -> int:
@@ -148,7 +423,7 @@ def time_passes(
     forward_size: int,
     params: List[th.Tensor],
     device: th.device,
-    repeats: int = 2,
+    repeats: int = REPEATS,
 ) -> Tuple[float, float]:
     """Seconds of one pass and of two passes over ``n_transitions``.
 
@@ -162,7 +437,7 @@ def time_passes(
         forward_size: Transitions per call.
         params: Parameters to differentiate with respect to.
         device: Where the work runs.
-        repeats: Timings of each (the fastest counts).
+        repeats: Timings of each, interleaved (the median counts).
 
     Returns:
         ``(one-pass seconds, two-pass seconds)``.
@@ -184,15 +459,16 @@ def time_passes(
         outputs = th.cat([call(start, stop) for start, stop in bounds])
         th.autograd.grad(outputs.float().sum(), wanted, allow_unused=True)
 
-    seconds = {two_passes: float("inf"), one_pass: float("inf")}
-    for _ in range(repeats):  # interleaved, the fastest of each counts
-        for run in seconds:
+    seconds: Dict[Callable[[], None], List[float]] = {two_passes: [], one_pass: []}
+    for index in range(repeats):  # interleaved, alternating which goes first
+        runs = list(seconds) if index % 2 == 0 else list(seconds)[::-1]
+        for run in runs:
             observability.synchronize(device)
             begin = time.perf_counter()
             run()
             observability.synchronize(device)
-            seconds[run] = min(seconds[run], time.perf_counter() - begin)
-    return seconds[one_pass], seconds[two_passes]
+            seconds[run].append(time.perf_counter() - begin)
+    return statistics.median(seconds[one_pass]), statistics.median(seconds[two_passes])
 
 
 def time_forward_backward(

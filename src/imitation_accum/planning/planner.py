@@ -17,11 +17,13 @@ without gradient. With ``forward_size="auto"`` the planner times both on the fir
 chunk of the first batch, chooses the faster and logs the choice.
 """
 
+import time
 from typing import (
     Callable,
     ContextManager,
     Dict,
     Hashable,
+    List,
     Optional,
     Protocol,
     Sequence,
@@ -33,10 +35,12 @@ from typing import (
 import numpy as np
 import torch as th
 
-from imitation_accum.planning import budget, oom, probe
+from imitation_accum.planning import budget, cpu_load, oom, probe
 from imitation_accum.planning.forward_size import (
+    REPEATS,
     TUNING_TRANSITIONS,
     ForwardSizes,
+    TuningResult,
     time_forward_backward,
     time_passes,
 )
@@ -44,6 +48,17 @@ from imitation_accum.planning.plan import StepPlan, as_sides, pair_chunks
 
 #: Two passes are chosen for speed only if they take under this share of one pass.
 TWO_PASS_MARGIN = 0.9
+#: Tuning (forward size, then one pass against two) may take about this many
+#: epochs' worth of reward-net work.
+TUNING_BUDGET_EPOCHS = 1.0
+#: Steps run with each intra-op thread count when the CPU is oversubscribed
+#: (real steps, alternated; the median decides).
+THREAD_TRIAL_STEPS = 3
+#: A thread count whose step is this much slower than the other's loses at once.
+THREAD_TRIAL_CLEAR = 2.0
+#: Work of timing one pass and two passes, ``REPEATS`` times each, in units of
+#: one pass (two passes run a forward more).
+PASS_TIMING_PASSES = REPEATS * 2.5
 
 ResultT = TypeVar("ResultT")
 #: ``call(start, stop)``: one reward-net call on transitions ``[start, stop)``.
@@ -74,6 +89,9 @@ class Workload(Protocol):
 
     def measuring(self, *, checkpointing: bool = True) -> ContextManager[None]:
         """Context of measuring calls: no trace on the RNG or norm statistics."""
+
+    # Optional: ``epoch_transitions``, the transitions of one epoch, bounds the
+    # tuning's cost (read with getattr; without it tuning is not bounded).
 
 
 def _no_log(message: str) -> None:
@@ -119,6 +137,11 @@ class Planner:
         self.profile_key: Optional[Hashable] = None
         # (chunk transitions, forward size) -> (two-pass?, t_one, t_two)
         self.timings: Dict[Tuple[int, int], Tuple[bool, float, float]] = {}
+        self.tuning_seconds = 0.0
+        # intra-op threads -> seconds of the steps run with them, while deciding
+        self.step_seconds: Dict[Optional[int], List[float]] = {}
+        self.threads_decided = False
+        """Wall-clock seconds spent timing calls (forward size, passes)."""
 
     @property
     def chunk_cap(self) -> Optional[int]:
@@ -145,14 +168,111 @@ class Planner:
         if workload is None:
             raise ValueError("forward_size='auto' needs a workload to time")
         tuned = workload.key in self.forward_sizes.found
+        if tuned:
+            return self.forward_sizes.size(workload.key, limit, lambda size: 0.0)
+        thread_options: List[Optional[int]] = [None]
+        busy = False
+        if workload.device.type == "cpu" and th.get_num_threads() > 1:
+            busy = cpu_load.oversubscribed()
+            if busy:  # time one thread too: a team may wait for taken cores
+                thread_options.append(1)
+        epoch = getattr(workload, "epoch_transitions", None)
+        begin = time.perf_counter()
         size = self.forward_sizes.size(
             workload.key,
             limit,
             lambda size: self._time_per_transition(workload, size, limit),
+            budget_transitions=(
+                None if epoch is None else int(TUNING_BUDGET_EPOCHS * epoch)
+            ),
+            thread_options=thread_options,
+            oversubscribed=busy,
         )
-        if not tuned:
-            self.log(f"forward_size: {size} transitions per reward-net call")
+        self.tuning_seconds += time.perf_counter() - begin
+        result = self.forward_sizes.results.get(workload.key)
+        self.log(
+            result.describe()
+            if result is not None
+            else f"forward_size: {size} transitions per reward-net call"
+        )
         return size
+
+    def threads(self, workload: Optional[Workload]) -> Optional[int]:
+        """Intra-op threads the workload's calls were tuned to (``None``: as set)."""
+        if workload is None or self.forward_size != "auto":
+            return None
+        return self.forward_sizes.threads(workload.key)
+
+    def _step_threads(self, workload: Optional[Workload]) -> Optional[int]:
+        """Intra-op threads for the next step: a trial's next option, or the choice.
+
+        On an oversubscribed CPU the tuner timed the net's calls with each
+        thread count, but a step also runs many small operations, whose thread
+        teams wait for cores as well: the first steps alternate the counts
+        (the tuner's choice first) and the faster in the median of
+        :data:`THREAD_TRIAL_STEPS` steps each is kept, or at once when one
+        step is :data:`THREAD_TRIAL_CLEAR` times slower than the other's.
+        """
+        trial = self._thread_trial(workload)
+        if trial is None:
+            return self.threads(workload)
+        options = sorted(self._trial_options(trial), key=lambda t: t != trial.threads)
+        counts = {t: len(self.step_seconds.get(t, [])) for t in options}
+        return min(options, key=lambda t: counts[t])
+
+    def _thread_trial(self, workload: Optional[Workload]) -> Optional[TuningResult]:
+        """The tuning whose thread count is still being tried on steps, if any."""
+        if workload is None or self.forward_size != "auto" or self.threads_decided:
+            return None
+        result = self.forward_sizes.results.get(workload.key)
+        if result is None or len(self._trial_options(result)) < 2:
+            return None
+        return result
+
+    @staticmethod
+    def _trial_options(result: TuningResult) -> List[Optional[int]]:
+        """Thread counts worth trying on steps: calls within 2x of the best."""
+        best: Dict[Optional[int], float] = {}
+        for (_, threads), _times in result.timings.items():
+            if (_, threads) in result.excluded:
+                continue
+            median = result.median((_, threads))
+            best[threads] = min(best.get(threads, median), median)
+        fastest = min(best.values(), default=0.0)
+        return [
+            t
+            for t in result.thread_options
+            if t in best and best[t] <= THREAD_TRIAL_CLEAR * fastest
+        ]
+
+    def _record_step(
+        self,
+        workload: Optional[Workload],
+        threads: Optional[int],
+        seconds: float,
+    ) -> None:
+        trial = self._thread_trial(workload)
+        if trial is None:
+            return
+        self.step_seconds.setdefault(threads, []).append(seconds)
+        times = [self.step_seconds.get(t, []) for t in self._trial_options(trial)]
+        if not all(times):
+            return
+        medians = {t: float(np.median(s)) for t, s in self.step_seconds.items()}
+        clear = max(medians.values()) > THREAD_TRIAL_CLEAR * min(medians.values())
+        if not clear and min(len(s) for s in times) < THREAD_TRIAL_STEPS:
+            return
+        self.threads_decided = True
+        trial.threads = min(medians, key=lambda t: medians[t])
+        parts = ", ".join(
+            f"{th.get_num_threads() if t is None else t} thread(s): "
+            f"{m * 1e3:.3g} ms (x{len(self.step_seconds[t])})"
+            for t, m in medians.items()
+        )
+        self.log(
+            f"intra-op threads: {trial.threads or th.get_num_threads()} (CPU "
+            f"oversubscribed; median step time: {parts})",
+        )
 
     def plan(
         self,
@@ -268,7 +388,12 @@ class Planner:
         while True:
             plan = plan_of(item_transitions, workload)
             try:
-                return plan, step(plan)
+                threads = self._step_threads(workload)
+                with cpu_load.intra_op_threads(threads):
+                    begin = time.perf_counter()
+                    result = step(plan)
+                self._record_step(workload, threads, time.perf_counter() - begin)
+                return plan, result
             except th.OutOfMemoryError as error:
                 cap = self.back_off(plan, error)
             # Outside the handler: the error's frames (and tensors) are gone.
@@ -337,33 +462,70 @@ class Planner:
     ) -> Tuple[bool, str]:
         key = (n_transitions, size)
         if key not in self.timings:
-            call, available = workload.sample(n_transitions)
-            with workload.measuring():
+            timed = self._pass_timing_transitions(workload, n_transitions, size)
+            if timed is None:
+                self.timings[key] = (False, float("nan"), float("nan"))
+                self.log(
+                    "two_pass: not timed, the tuning budget (about one epoch) is "
+                    "spent: one pass",
+                )
+                return False, "tuning budget spent"
+            begin = time.perf_counter()
+            call, available = workload.sample(timed)
+            with (
+                workload.measuring(),
+                cpu_load.intra_op_threads(self.threads(workload)),
+            ):
                 t_one, t_two = time_passes(
                     call,
-                    min(n_transitions, available),
+                    min(timed, available),
                     size,
                     list(workload.params),
                     workload.device,
                 )
+            self.tuning_seconds += time.perf_counter() - begin
             # Two passes do a forward more: only a clear gain is worth it.
             faster = t_two < TWO_PASS_MARGIN * t_one
             self.timings[key] = (faster, t_one, t_two)
             self.log(
                 f"two_pass: {t_two:.3g} s vs one pass {t_one:.3g} s over "
-                f"{n_transitions} transitions in calls of {size}: "
+                f"{min(timed, available)} transitions in calls of {size} "
+                f"(median of {REPEATS}): "
                 f"{'two passes' if faster else 'one pass'}",
             )
         two_pass, t_one, t_two = self.timings[key]
+        if np.isnan(t_one):
+            return two_pass, "tuning budget spent"
         return two_pass, f"measured {t_two:.3g} s two-pass vs {t_one:.3g} s one-pass"
+
+    def _pass_timing_transitions(
+        self,
+        workload: Workload,
+        n_transitions: int,
+        size: int,
+    ) -> Optional[int]:
+        """Transitions to time one pass against two over, within the budget.
+
+        ``None`` when what is left of the tuning budget does not cover two calls.
+        """
+        epoch = getattr(workload, "epoch_transitions", None)
+        result = self.forward_sizes.results.get(workload.key)
+        if epoch is None or result is None:
+            return n_transitions
+        per_transition = result.median((result.size, result.threads))
+        left = TUNING_BUDGET_EPOCHS * epoch * per_transition - result.seconds
+        affordable = int(left / (PASS_TIMING_PASSES * per_transition))
+        if affordable < 2 * size:
+            return None
+        return min(n_transitions, affordable)
 
     def _time_per_transition(self, workload: Workload, size: int, limit: int) -> float:
         """Seconds per transition of calls of ``size``, as a one-pass chunk runs.
 
-        Calls of ``size`` over a stretch of transitions, their graphs kept, then
-        one backward.
+        Calls of ``size`` over a stretch of transitions (two calls at least),
+        their graphs kept, then one backward.
         """
-        total = min(limit, max(size, TUNING_TRANSITIONS))
+        total = min(limit, max(2 * size, TUNING_TRANSITIONS))
         call, available = workload.sample(total)
         total = min(total, available)
 

@@ -19,7 +19,7 @@ with discount weights counted from the fragment's own first transition.
 """
 
 import dataclasses
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch as th
@@ -35,6 +35,26 @@ from imitation_accum.planning.plan import StepPlan
 from imitation_accum.preference import fragments, pair_table
 
 Pair = pair_table.Pair
+#: A one-pass batch whose converted reward-net inputs take at most this many
+#: bytes is gathered and converted once per step, its chunks' calls slicing it
+#: (small inputs, such as an MLP's: per-call gathering would cost more than
+#: the call).
+STAGED_INPUT_BYTES = 4 * 2**20
+#: A dataset whose converted inputs take at most this many bytes is converted
+#: once per ``train()`` call; each step then indexes the rows of its batch.
+STAGED_TABLE_BYTES = 16 * 2**20
+
+Inputs = Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]
+
+
+@dataclasses.dataclass
+class StagedSide:
+    """One side's converted net inputs for a whole batch, and a chunk's offset."""
+
+    inputs: Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]
+    """``(state, action, next_state, done)``, one row per transition."""
+    offset: int
+    """Where the chunk's first transition sits in :attr:`inputs`."""
 
 
 @dataclasses.dataclass
@@ -49,6 +69,8 @@ class PairChunk:
     """Whether ``a_i`` is the preferred one (preference above 0.5)."""
     discounts: Tuple[Optional[th.Tensor], Optional[th.Tensor]]
     """Per-transition discount weights of each side (``None`` for a discount of 1)."""
+    staged: Optional[Tuple[StagedSide, StagedSide]] = None
+    """Each side's inputs converted once for the batch (small inputs only)."""
 
     @property
     def n_pairs(self) -> int:
@@ -71,6 +93,36 @@ class TransitionChunk:
     def n_transitions(self) -> int:
         """Transitions in the chunk."""
         return self.stop - self.start
+
+
+def _transition_rows(
+    offsets: np.ndarray,
+    items: np.ndarray,
+    lengths: np.ndarray,
+) -> np.ndarray:
+    """Rows of fragments ``items`` (of ``lengths``) in a layout with ``offsets``."""
+    starts = offsets[items]
+    before = np.cumsum(lengths) - lengths
+    return np.arange(int(lengths.sum())) + np.repeat(starts - before, lengths)
+
+
+def _sub_layout(
+    layout: fragments.FragmentLayout,
+    items: slice,
+) -> fragments.FragmentLayout:
+    """Fragments ``items`` of ``layout``, laid out on their own (no copy of data)."""
+    start = int(layout.offsets[items.start])
+    stop = int(layout.offsets[items.stop])
+    lengths = layout.lengths[items]
+    return fragments.FragmentLayout(
+        layout.fragments[items],
+        layout.offsets[items.start : items.stop + 1] - start,
+        layout.dones[start:stop],
+        lengths,
+        layout.uniform_length
+        if layout.uniform_length is not None or not len(lengths)
+        else (int(lengths[0]) if (lengths == lengths[0]).all() else None),
+    )
 
 
 def make_chunks(
@@ -99,6 +151,9 @@ def make_chunks(
             TransitionChunk(batch, side, start, stop)
             for side, start, stop in plan.transition_chunks
         ]
+    elif task.stager is None and task.stages(table, local):
+        # Converted once for the batch, already on the device: nothing to stage.
+        return list(task.staged_chunks(table, local, plan.item_chunks))
     else:
         chunks = [task.make_chunk(table, local[s]) for s in plan.item_chunks]
     if task.stager is not None:  # inputs move a chunk ahead (engine.staging)
@@ -210,6 +265,9 @@ class PreferenceTask:
         self.device = net.device
         self.inputs = input_preparation.InputPreparer(net)
         self.stager: Optional[staging.RangeStager] = None
+        self._staged_table: Optional[tuple] = None
+        self.workload_keys: Dict[Hashable, Hashable] = {}
+        """Timing keys of this net, by input (see ``PairWorkload.of``)."""
 
     def refresh_device(self) -> None:
         """Re-reads the net's device (looked up once per step, not per call)."""
@@ -230,6 +288,120 @@ class PreferenceTask:
             table.preferences[indices], dtype=th.float32, device=self.device
         )
         return PairChunk(layouts, prefs, prefs > 0.5, discounts)  # type: ignore[arg-type]
+
+    def stages(self, table: pair_table.PreferenceTable, local: np.ndarray) -> bool:
+        """Whether the inputs of pairs ``local`` are converted once for the batch.
+
+        Only for the net's stock ``preprocess`` (row by row, so that slicing its
+        output equals converting the slice) and inputs of at most
+        :data:`STAGED_INPUT_BYTES`.
+        """
+        if getattr(self.inputs, "_owner", None) is None or not len(local):
+            return False
+        n_transitions = int(table.lengths[local].sum())
+        return n_transitions * self._input_bytes(table) <= STAGED_INPUT_BYTES
+
+    def _input_bytes(self, table: pair_table.PreferenceTable) -> int:
+        """Bytes of one transition's converted inputs (float32 observations)."""
+        frame: np.ndarray = table.pairs[0][0].obs  # type: ignore[assignment]
+        width = int(np.prod(frame.shape[1:])) * 4
+        return width * (2 if self.inputs.reads_next_state else 1)
+
+    def _batch_inputs(
+        self,
+        table: pair_table.PreferenceTable,
+        local: np.ndarray,
+        layouts: Sequence[fragments.FragmentLayout],
+    ) -> List[Inputs]:
+        """Each side's converted inputs of pairs ``local``, in layout order."""
+        staged = self._table_inputs(table)
+        if staged is None:
+            return [
+                self._convert(layout, 0, layout.n_transitions) for layout in layouts
+            ]
+        batch = []
+        for side, (side_inputs, offsets) in enumerate(staged):
+            rows = _transition_rows(offsets, local, table.lengths[local, side])
+            index = th.as_tensor(rows, device=self.device)
+            picked: Dict[int, th.Tensor] = {}  # next_state may be state itself
+            for tensor in side_inputs:
+                if id(tensor) not in picked:
+                    picked[id(tensor)] = tensor.index_select(0, index)
+            batch.append(tuple(picked[id(t)] for t in side_inputs))
+        return batch  # type: ignore[return-value]
+
+    def _table_inputs(
+        self,
+        table: pair_table.PreferenceTable,
+    ) -> Optional[List[Tuple[Inputs, np.ndarray]]]:
+        """The whole dataset's converted inputs per side, if small; cached."""
+        cached = self._staged_table
+        if cached is not None and cached[0] is table and cached[1] == self.device:
+            return cached[2]
+        if table.lengths.sum() * self._input_bytes(table) > STAGED_TABLE_BYTES:
+            return None
+        every = np.arange(len(table))
+        sides = []
+        for side in (0, 1):
+            layout = table.side_layout(every, side)
+            sides.append(
+                (self._convert(layout, 0, layout.n_transitions), layout.offsets)
+            )
+        self._staged_table = (table, self.device, sides)
+        return sides
+
+    def staged_chunks(
+        self,
+        table: pair_table.PreferenceTable,
+        local: np.ndarray,
+        item_chunks: Sequence[slice],
+    ) -> List[PairChunk]:
+        """Chunks of pairs ``local`` whose calls slice inputs converted once."""
+        batch = self.make_chunk(table, local)
+        inputs = self._batch_inputs(table, local, batch.layouts)
+        chunks = []
+        for items in item_chunks:
+            layouts = tuple(_sub_layout(layout, items) for layout in batch.layouts)
+            bounds = [
+                (int(layout.offsets[items.start]), int(layout.offsets[items.stop]))
+                for layout in batch.layouts
+            ]
+            discounts = tuple(
+                None if weights is None else weights[begin:end]
+                for weights, (begin, end) in zip(batch.discounts, bounds)
+            )
+            chunks.append(
+                PairChunk(
+                    layouts,  # type: ignore[arg-type]
+                    batch.preferences[items],
+                    batch.prefers_first[items],
+                    discounts,  # type: ignore[arg-type]
+                    tuple(  # type: ignore[arg-type]
+                        StagedSide(side_inputs, begin)
+                        for side_inputs, (begin, _) in zip(inputs, bounds)
+                    ),
+                ),
+            )
+        return chunks
+
+    def _convert(
+        self,
+        layout: fragments.FragmentLayout,
+        start: int,
+        stop: int,
+    ) -> Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
+        # Frames travel to the device as stored (uint8) and are converted there.
+        obs, acts, next_obs, dones = layout.gather(
+            start,
+            stop,
+            next_obs=self.inputs.reads_next_state,
+        )
+        return self.inputs(
+            self._to_device(obs),
+            self._to_device(acts),
+            None if next_obs is None else self._to_device(next_obs),
+            self._to_device(dones),
+        )
 
     def _discounts(self, layout: fragments.FragmentLayout) -> Optional[th.Tensor]:
         if self.discount_factor == 1:
@@ -256,20 +428,17 @@ class PreferenceTask:
         Returns:
             One reward per transition.
         """
-        # Frames travel to the device as stored (uint8) and are converted there.
-        obs, acts, next_obs, dones = layout.gather(
-            start,
-            stop,
-            next_obs=self.inputs.reads_next_state,
-        )
-        state, action, next_state, done = self.inputs(
-            self._to_device(obs),
-            self._to_device(acts),
-            None if next_obs is None else self._to_device(next_obs),
-            self._to_device(dones),
-        )
+        return self._run(self._convert(layout, start, stop), start, stop, module)
+
+    def _run(
+        self,
+        inputs: Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor],
+        start: int,
+        stop: int,
+        module: Optional[th.nn.Module] = None,
+    ) -> th.Tensor:
         through = self.call_target if module is None else module
-        rewards = through(state, action, next_state, done)
+        rewards = through(*inputs)
         if rewards.shape != (stop - start,):
             raise ValueError(
                 f"reward net returned shape {tuple(rewards.shape)} for "
@@ -300,8 +469,25 @@ class PreferenceTask:
             for side, source in enumerate(sources):
                 if start < source.n_transitions:
                     stop = min(start + forward_size, source.n_transitions)
-                    outputs[side].append(self.call(source, start, stop))
+                    outputs[side].append(
+                        self._side_call(chunk, side, source, start, stop)
+                    )
         return th.cat([*outputs[0], *outputs[1]])
+
+    def _side_call(
+        self,
+        chunk: PairChunk,
+        side: int,
+        source: "staging.RowSource",
+        start: int,
+        stop: int,
+    ):
+        if chunk.staged is None:
+            return self.call(source, start, stop)
+        staged = chunk.staged[side]
+        begin, end = staged.offset + start, staged.offset + stop
+        inputs = tuple(tensor[begin:end] for tensor in staged.inputs)
+        return self._run(inputs, start, stop)  # type: ignore[arg-type]
 
     def returns(
         self, chunk: PairChunk, rewards: th.Tensor

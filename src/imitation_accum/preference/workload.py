@@ -37,16 +37,25 @@ class PairWorkload:
         engine: GradientAccumulator,
     ) -> "PairWorkload":
         """The workload of pairs ``local``; its key names what timings depend on."""
-        frame = np.asarray(table.pairs[0][0].obs)
-        key = forward_size.architecture_key(
-            task.net,
-            frame.shape[1:],
-            frame.dtype,
+        frame: np.ndarray = np.asarray(table.pairs[0][0].obs)
+        extra: Tuple[Hashable, ...] = (
+            tuple(frame.shape[1:]),
+            str(frame.dtype),
             str(task.device),
             engine.autocast_dtype,
             bool(engine.checkpointed),
         )
-        return cls(task, table, local, engine, key)
+        # Built once per net and input: a step should not walk the parameters.
+        cached = task.workload_keys.get(extra)
+        if cached is None:
+            cached = forward_size.architecture_key(task.net, *extra)
+            task.workload_keys[extra] = cached
+        return cls(task, table, local, engine, cached)
+
+    @property
+    def epoch_transitions(self) -> int:
+        """Transitions of one epoch over the dataset (bounds the tuning's cost)."""
+        return int(self.table.lengths.sum())
 
     @property
     def device(self) -> th.device:

@@ -1,0 +1,234 @@
+"""The forward-size tuner on noisy and shared machines, and its cost."""
+
+import numpy as np
+import pytest
+import torch as th
+
+from imitation_accum import planning
+from imitation_accum.planning import cpu_load, forward_size
+from tests import reference as ref
+from tests.test_preference_exactness import make_net, make_trainer
+
+
+class Clock:
+    """A fake ``perf_counter`` that the synthetic timings advance."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class Curve:
+    """Seconds per transition of calls of ``size``; optional injected noise.
+
+    ``spikes[size]``: how many of the first timings of ``size`` are multiplied
+    by ``spike`` (a one-off disturbance, as on a shared machine); ``always``:
+    sizes whose every timing is (an implausible, persistent result).
+    """
+
+    def __init__(self, per_call, per_transition, cache_size=None, clock=None):
+        self.per_call = per_call
+        self.per_transition = per_transition
+        self.cache_size = cache_size
+        self.clock = clock
+        self.spikes = {}
+        self.always = set()
+        self.spike = 100.0
+        self.sizes = []
+
+    def cost(self, size):
+        cost = self.per_call + self.per_transition * size
+        if self.cache_size is not None and size > self.cache_size:
+            cost += 2 * self.per_transition * (size - self.cache_size)
+        return cost / size
+
+    def __call__(self, size):
+        self.sizes.append(size)
+        seconds = self.cost(size)
+        if self.spikes.get(size, 0) > 0:
+            self.spikes[size] -= 1
+            seconds *= self.spike
+        elif size in self.always:
+            seconds *= self.spike
+        if self.clock is not None:  # a measurement runs two calls at least
+            self.clock.now += seconds * max(2 * size, 16)
+        return seconds
+
+
+def mlp_like():
+    return Curve(per_call=2e-4, per_transition=1e-7)
+
+
+def test_one_slow_timing_does_not_end_the_search():
+    """A call of 2 timed 100x slower once: the search goes on to the whole chunk."""
+    curve = mlp_like()
+    curve.spikes = {2: 1}
+    tuner = planning.ForwardSizeTuner()
+    assert tuner.tune(curve, 1600) == 1600
+    result = tuner.last_result
+    assert result.at_limit and not result.excluded
+    assert curve.sizes.count(2) >= 3  # re-timed, not taken from one timing
+
+
+def test_a_size_that_stays_implausible_is_set_aside():
+    curve = mlp_like()
+    curve.always = {4}
+    tuner = planning.ForwardSizeTuner()
+    assert tuner.tune(curve, 256) == 256
+    assert (4, None) in tuner.last_result.excluded
+    assert "set aside" in tuner.last_result.describe()
+
+
+def test_contenders_get_repeated_timings_and_medians_decide():
+    curve = Curve(per_call=1e-3, per_transition=1e-3, cache_size=8)
+    curve.spikes = {8: 1}  # the true best, unlucky once
+    tuner = planning.ForwardSizeTuner()
+    assert tuner.tune(curve, 4096) == 8
+    timings = tuner.last_result.timings
+    for size in (4, 8, 16):
+        assert len(timings[size, None]) >= tuner.repeats
+    assert max(curve.sizes) <= 64  # the scan stops past the optimum
+
+
+def test_the_budget_bounds_the_cost(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(forward_size.time, "perf_counter", clock)
+    unbounded = Curve(per_call=2e-4, per_transition=1e-3, cache_size=512, clock=clock)
+    planning.ForwardSizeTuner().tune(unbounded, 4096)
+    unbounded_cost = clock.now
+    clock.now = 0.0
+    curve = Curve(per_call=2e-4, per_transition=1e-3, cache_size=512, clock=clock)
+    tuner = planning.ForwardSizeTuner()
+    epoch = 200  # transitions of an epoch: about 0.2 s at the best size
+    size = tuner.tune(curve, 4096, budget_transitions=epoch)
+    result = tuner.last_result
+    assert clock.now < unbounded_cost / 2
+    assert result.seconds <= 1.5 * result.budget_seconds
+    assert len(result.timings[size, None]) >= tuner.repeats
+
+
+def test_an_improving_scan_runs_past_the_budget(monkeypatch):
+    """Calls dominated by fixed costs: every doubling still pays, so go on."""
+    clock = Clock()
+    monkeypatch.setattr(forward_size.time, "perf_counter", clock)
+    curve = mlp_like()
+    curve.clock = clock
+    tuner = planning.ForwardSizeTuner()
+    assert tuner.tune(curve, 1600, budget_transitions=100) == 1600
+
+
+def test_thread_counts_are_timed_and_the_faster_kept():
+    def timing(size):
+        # Two threads wait for taken cores: small calls are far slower.
+        overhead = 3e-2 if th.get_num_threads() > 1 else 2e-4
+        return (overhead + 1e-7 * size) / size
+
+    tuner = planning.ForwardSizeTuner()
+    previous = th.get_num_threads()
+    size = tuner.tune(timing, 64, thread_options=(2, 1), oversubscribed=True)
+    assert th.get_num_threads() == previous
+    result = tuner.last_result
+    assert result.threads == 1 and size == 64
+    assert (1, 2) in result.timings and (64, 1) in result.timings
+    assert "CPU oversubscribed" in result.describe()
+
+
+def test_intra_op_threads_are_restored():
+    previous = th.get_num_threads()
+    with cpu_load.intra_op_threads(1):
+        assert th.get_num_threads() == 1
+    assert th.get_num_threads() == previous
+    with pytest.raises(RuntimeError), cpu_load.intra_op_threads(1):
+        raise RuntimeError("failed step")
+    assert th.get_num_threads() == previous
+
+
+@pytest.mark.parametrize(
+    ("runnable", "busy"), [("1/120", False), ("2/120", True), ("5/300", True)]
+)
+def test_oversubscription_from_runnable_count(tmp_path, monkeypatch, runnable, busy):
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text(f"0.50 0.40 0.30 {runnable} 4242\n")
+    monkeypatch.setattr(cpu_load, "LOADAVG", str(loadavg))
+    monkeypatch.setattr(cpu_load, "cpu_count", lambda: 2)
+    # Two intra-op threads: one other runnable thread already oversubscribes.
+    assert cpu_load.oversubscribed(threads=2) == busy
+    assert not cpu_load.oversubscribed(threads=1) or runnable == "5/300"
+
+
+def test_unreadable_load_is_not_busy(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu_load, "LOADAVG", str(tmp_path / "missing"))
+    assert cpu_load.runnable_threads() is None
+    assert not cpu_load.oversubscribed()
+
+
+def test_steps_alternate_thread_counts_then_keep_the_faster():
+    planner = planning.Planner(minibatch_size=None, two_pass=False)
+    messages = []
+    planner.log = messages.append
+    key = ("test-threads",)
+
+    class Workload:
+        pass
+
+    workload = Workload()
+    workload.key = key
+    planner.forward_sizes.found[key] = (8, False)
+    planner.forward_sizes.results[key] = forward_size.TuningResult(
+        size=8,
+        at_limit=False,
+        threads=None,
+        timings={(8, 2): [1.0], (8, 1): [1.2]},  # calls alike: steps decide
+        excluded={},
+        seconds=0.0,
+        budget_seconds=None,
+        oversubscribed=True,
+        thread_options=(2, 1),
+    )
+    previous = th.get_num_threads()
+    seen = []
+    clock = Clock()
+
+    def step(plan):
+        seen.append(th.get_num_threads())
+        return plan
+
+    import imitation_accum.planning.planner as planner_module
+
+    original = planner_module.time.perf_counter
+    calls = []
+
+    def fake_clock():
+        # Steps with two threads take 5 s, with one 1 s (begin, end pairs).
+        calls.append(None)
+        if len(calls) % 2:
+            clock.now += 0.0
+        else:
+            clock.now += 5.0 if seen[-1] == 2 else 1.0
+        return clock.now
+
+    planner_module.time.perf_counter = fake_clock
+    try:
+        for _ in range(4):
+            planner.run(np.array([5, 5]), step, workload, device=th.device("cpu"))
+    finally:
+        planner_module.time.perf_counter = original
+    assert th.get_num_threads() == previous
+    assert seen[:2] == [2, 1]  # one step each, then a clear winner
+    assert seen[2:] == [1, 1]
+    assert planner.forward_sizes.threads(key) == 1
+    assert any(m.startswith("intra-op threads: 1") for m in messages), messages
+
+
+def test_auto_forward_size_logs_what_it_measured(rng):
+    dataset = ref.make_dataset(rng, 6, (5,))
+    trainer = make_trainer(make_net(), batch_size=6, minibatch_size=3)
+    messages = []
+    trainer.planner.log = messages.append
+    trainer.train(dataset)
+    tuned = [m for m in messages if m.startswith("forward_size:")]
+    assert len(tuned) == 1
+    assert "median time per transition" in tuned[0] and "tuning" in tuned[0]
+    assert trainer.planner.tuning_seconds > 0
