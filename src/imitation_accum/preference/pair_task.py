@@ -386,7 +386,7 @@ class PreferenceTask:
 
     def _convert(
         self,
-        layout: fragments.FragmentLayout,
+        layout: staging.RowSource,
         start: int,
         stop: int,
     ) -> Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
