@@ -11,7 +11,8 @@ and saves to a pickle-free, memory-mappable directory
 those arrays directly (:mod:`imitation_accum.preference.pair_table`).
 
 Reading an item materializes its fragments (``TrajectoryWithRew`` objects with
-observations as imitation's; ``infos`` are not kept), so code written for
+observations as imitation's, ``infos`` as JSON, see
+:mod:`~imitation_accum.preference.info_codec`), so code written for
 imitation's dataset keeps working; ``fragments1``, ``fragments2`` and
 ``preferences`` are read-only views.
 
@@ -33,7 +34,7 @@ from imitation.data import types
 from imitation.util import util
 
 from imitation_accum.io import frame_store
-from imitation_accum.preference import frame_stacks
+from imitation_accum.preference import frame_stacks, info_codec
 from imitation_accum.preference.row_store import RowStore
 
 AnyPath = types.AnyPath
@@ -44,7 +45,16 @@ ImitationPreferenceDataset = pc.PreferenceDataset
 
 # Columns of the per-fragment index.
 _OBS, _TRANS, _LENGTH, _TERMINAL, _FRAME, _HAS_REWS = range(6)
-_ARRAYS = ("frames", "obs_frames", "acts", "rews", "fragments", "preferences")
+_ARRAYS = (
+    "frames",
+    "obs_frames",
+    "acts",
+    "rews",
+    "fragments",
+    "preferences",
+    "infos",  # each fragment's infos, JSON bytes end to end
+    "info_spans",  # per fragment: where its infos start in infos, and their size
+)
 
 
 class PreferenceDataset(ImitationPreferenceDataset):
@@ -136,11 +146,14 @@ class PreferenceDataset(ImitationPreferenceDataset):
         obs = self.observations_at(np.arange(length + 1) + row[_OBS])
         acts = cols["acts"].rows(row[_TRANS], row[_TRANS] + length)
         terminal = bool(row[_TERMINAL])
+        spans = cols["info_spans"]
+        start, size = spans.take(np.array([spans.first + position]))[0]
+        infos = info_codec.decode(cols["infos"].rows(start, start + size).tobytes())
         if not row[_HAS_REWS]:
-            return types.Trajectory(obs=obs, acts=acts, infos=None, terminal=terminal)
+            return types.Trajectory(obs=obs, acts=acts, infos=infos, terminal=terminal)
         rews = cols["rews"].rows(row[_TRANS], row[_TRANS] + length)
         return types.TrajectoryWithRew(
-            obs=obs, acts=acts, infos=None, terminal=terminal, rews=rews
+            obs=obs, acts=acts, infos=infos, terminal=terminal, rews=rews
         )
 
     # -- what the trainers read (no per-fragment objects) ------------------------
@@ -262,6 +275,8 @@ class PreferenceDataset(ImitationPreferenceDataset):
             "rews": RowStore((), np.float32 if rews is None else rews.dtype),
             "fragments": RowStore((6,), np.int64),
             "preferences": RowStore((), np.float32),
+            "infos": RowStore((), np.uint8),
+            "info_spans": RowStore((2,), np.int64),
         }
 
     def _append(self, frag: Fragment) -> None:
@@ -273,6 +288,9 @@ class PreferenceDataset(ImitationPreferenceDataset):
         trans_id = cols["acts"].append(np.asarray(frag.acts))
         rews = getattr(frag, "rews", None)
         cols["rews"].append(np.zeros(len(frag.acts)) if rews is None else rews)
+        encoded = np.frombuffer(info_codec.encode(frag.infos), dtype=np.uint8)
+        info_id = cols["infos"].append(encoded)
+        cols["info_spans"].append(np.array([[info_id, len(encoded)]], np.int64))
         cols["fragments"].append(
             np.array(
                 [
@@ -297,6 +315,9 @@ class PreferenceDataset(ImitationPreferenceDataset):
         cols["preferences"].drop_before(first_pair)
         first = cols["fragments"].take(np.array([2 * first_pair]))[0]
         cols["fragments"].drop_before(2 * first_pair)
+        first_infos = cols["info_spans"].take(np.array([2 * first_pair]))[0, 0]
+        cols["info_spans"].drop_before(2 * first_pair)
+        cols["infos"].drop_before(first_infos)
         cols["obs_frames"].drop_before(first[_OBS])
         cols["acts"].drop_before(first[_TRANS])
         cols["rews"].drop_before(first[_TRANS])
@@ -322,6 +343,8 @@ class PreferenceDataset(ImitationPreferenceDataset):
         small = {
             "obs_frames": cols["obs_frames"].to_array() - cols["frames"].first,
             "fragments": fragments,
+            "info_spans": cols["info_spans"].to_array()
+            - np.array([cols["infos"].first, 0]),
         }
         blocks = {
             name: [small[name]] if name in small else cols[name].blocks()

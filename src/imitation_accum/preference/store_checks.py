@@ -76,6 +76,13 @@ def check_store(
             raise fail("fragments", "observation index outside obs_frames.npy")
         if trans.min() < 0 or (trans + length).max() > len(arrays["acts"]):
             raise fail("fragments", "transition index outside acts.npy")
+    spans = arrays["info_spans"]
+    if spans.shape != (len(fragments), 2):
+        raise fail("info_spans", f"shape {spans.shape}, expected ({len(fragments)}, 2)")
+    if len(spans) and (
+        spans.min() < 0 or (spans[:, 0] + spans[:, 1]).max() > len(arrays["infos"])
+    ):
+        raise fail("info_spans", "a span outside infos.npy")
     if not ((prefs >= 0) & (prefs <= 1)).all():
         raise fail("preferences", "a preference outside [0, 1]")
     return layout
