@@ -496,7 +496,8 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
         f"Repeats measured per row ({repeats} asked for): {', '.join(sorted(done))}.",
         "",
         f"Medians of the repeats, each point in a fresh process, the repeats "
-        "interleaved within a configuration (every point once per repeat); ratios are medians of the "
+        "interleaved within a configuration (every point once per repeat); "
+        "ratios are medians of the "
         "ratios within a repeat. busy: a competing PyTorch job (a "
         f"{COMPETITOR_MATRIX}x{COMPETITOR_MATRIX} matrix-multiply loop with one "
         "intra-op thread per core, in its own process) runs during the point. "
