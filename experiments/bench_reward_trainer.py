@@ -409,12 +409,14 @@ def main() -> None:
         return
     configs = args.configs or (["mlp"] if args.quick else list(CONFIGS))
     modes = ("quiet", "busy") if args.busy else ("quiet",)
-    runs: dict = {(c, m): {} for c in configs for m in modes}
-    # Interleaved fresh processes: every repeat measures every point once, so
-    # that drifting load on a shared machine reaches all of them alike.
-    for repeat in range(repeats):
-        for config in configs:
-            epochs = 2 if args.quick else (args.epochs or EPOCHS[config])
+    runs: dict = {}
+    # Fresh processes, interleaved within a configuration: every repeat
+    # measures each of its points once (order alternating), so that drifting
+    # load reaches them alike. The table is rewritten after every repeat, so
+    # that a run cut short still leaves what it measured.
+    for config in configs:
+        epochs = 2 if args.quick else (args.epochs or EPOCHS[config])
+        for repeat in range(repeats):
             for mode in modes:
                 order = ("imitation", "accum", "floor")
                 if repeat % 2:
@@ -425,8 +427,11 @@ def main() -> None:
                         if impl == "imitation" and not args.epochs:
                             n = min(epochs, IMITATION_EPOCHS.get(config, epochs))
                         run = run_worker(impl, config, n)
-                        runs[config, mode].setdefault(impl, []).append(run)
+                        runs.setdefault((config, mode), {}).setdefault(impl, []).append(
+                            run
+                        )
                         print(json.dumps({"mode": mode, **run}), flush=True)
+            write_tables(runs, args.out_dir, repeats)
     write_tables(runs, args.out_dir, repeats)
 
 
@@ -485,10 +490,14 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
             f"/ {_median([x['peak_rss_mib'] for x in a]):.0f} "
             f"/ {_median([x['peak_rss_mib'] for x in f]):.0f} |",
         )
+    done = {f"{config} {mode}: {len(r['accum'])}" for (config, mode), r in runs.items()}
     lines += [
         "",
-        f"Medians of {repeats} repeats, each point in a fresh process, the repeats "
-        "interleaved (every point once per repeat); ratios are medians of the "
+        f"Repeats measured per row ({repeats} asked for): {', '.join(sorted(done))}.",
+        "",
+        f"Medians of the repeats, each point in a fresh process, the repeats "
+        "interleaved within a configuration (every point once per repeat); "
+        "ratios are medians of the "
         "ratios within a repeat. busy: a competing PyTorch job (a "
         f"{COMPETITOR_MATRIX}x{COMPETITOR_MATRIX} matrix-multiply loop with one "
         "intra-op thread per core, in its own process) runs during the point. "
