@@ -81,17 +81,19 @@ def test_auto_forward_size_is_chosen_and_logged(rng, monkeypatch):
     dataset = ref.make_dataset(rng, 6, (5,))
     trainer = make_trainer(make_net(), batch_size=6, minibatch_size=3)
     # A cost curve instead of the clock: per transition 1/size + size/8, so
-    # sizes 1, 2, 4, 8 cost 1.125, 0.75, 0.75, 1.125; 8 is past the optimum
-    # (the search stops) and 2 is the smallest of the fastest.
+    # sizes 1, 2, 4, 8, 16 cost 1.125, 0.75, 0.75, 1.125, 2.06; 8 and 16 are two
+    # sizes in a row past the optimum (the scan stops) and 2 is the smallest of
+    # the fastest.
     tried = []
 
-    def measure(self, time_per_transition, size):
+    def measure(self, candidate):
+        size, _ = candidate
         tried.append(size)
-        return 1 / size + size / 8
+        self.timings.setdefault(candidate, []).append(1 / size + size / 8)
 
-    monkeypatch.setattr(planning.forward_size.ForwardSizeTuner, "_measure", measure)
+    monkeypatch.setattr(planning.forward_size._Search, "measure", measure)
     trainer.train(dataset)
     size = trainer.logger.name_to_value["reward/final/train/forward_size"]
-    assert tried == [1, 2, 4, 8]
+    assert sorted(set(tried)) == [1, 2, 4, 8, 16]
     assert size == 2
     assert np.isfinite(trainer.logger.name_to_value["reward/final/train/loss"])

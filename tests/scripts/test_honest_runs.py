@@ -90,7 +90,11 @@ def test_ranks_with_other_data_stop_before_training(
     done = torchrun(
         tmp_path,
         [HELPER],
-        [f"dataset_path={preferences_path}", f"logging.log_dir={tmp_path / 'run'}"],
+        [
+            f"dataset_path={preferences_path}",
+            "trust_pickle=True",
+            f"logging.log_dir={tmp_path / 'run'}",
+        ],
         env={"FAIL_RANK": "1", "OTHER_DATASET": str(other_preferences_path)},
     )
     output = done.stdout + done.stderr
@@ -106,6 +110,7 @@ def test_a_hung_rank_ends_the_job_naming_it(tmp_path, preferences_path):
         [HELPER],
         [
             f"dataset_path={preferences_path}",
+            "trust_pickle=True",
             f"logging.log_dir={tmp_path / 'run'}",
             "collective_timeout_s=5",
         ],
