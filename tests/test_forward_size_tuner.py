@@ -232,3 +232,20 @@ def test_auto_forward_size_logs_what_it_measured(rng):
     assert len(tuned) == 1
     assert "median time per transition" in tuned[0] and "tuning" in tuned[0]
     assert trainer.planner.tuning_seconds > 0
+
+
+def test_chosen_seconds_when_the_step_trial_picks_threads_not_timed_at_that_size():
+    # The step trial chose 1 thread, timed only at size 4; size 8 ran with the
+    # default count. The planner's budget arithmetic still reads size 8's time.
+    result = forward_size.TuningResult(
+        size=8,
+        at_limit=False,
+        threads=1,
+        timings={(8, None): [3.0, 1.0, 2.0], (4, 1): [5.0], (4, None): [6.0]},
+        excluded={},
+        seconds=0.1,
+        budget_seconds=None,
+    )
+    assert result.chosen_seconds() == 2.0
+    result.threads = None
+    assert result.chosen_seconds() == 2.0

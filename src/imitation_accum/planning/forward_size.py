@@ -59,6 +59,17 @@ class TuningResult:
         """The median seconds per transition of ``candidate``."""
         return statistics.median(self.timings[candidate])
 
+    def chosen_seconds(self) -> float:
+        """The chosen size's median seconds per transition.
+
+        With the chosen threads where they were timed at that size; the step
+        trial may pick a count that was timed only at other sizes.
+        """
+        chosen = (self.size, self.threads)
+        if chosen in self.timings:
+            return self.median(chosen)
+        return min(self.median(c) for c in self.timings if c[0] == self.size)
+
     def describe(self) -> str:
         """One line: the choice, the medians measured and the cost."""
 

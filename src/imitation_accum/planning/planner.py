@@ -512,7 +512,7 @@ class Planner:
         result = self.forward_sizes.results.get(workload.key)
         if epoch is None or result is None:
             return n_transitions
-        per_transition = result.median((result.size, result.threads))
+        per_transition = result.chosen_seconds()
         left = TUNING_BUDGET_EPOCHS * epoch * per_transition - result.seconds
         affordable = int(left / (PASS_TIMING_PASSES * per_transition))
         if affordable < 2 * size:
