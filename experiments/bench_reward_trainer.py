@@ -65,13 +65,15 @@ from torch.nn import functional as F  # noqa: N812
 import _results
 
 CONFIGS = {
-    # name: (obs shape, net, pairs, fragment length, batch, minibatch); the CNN
-    # configs are small (a few pairs, one or two steps an epoch) so that a full
-    # run, every point in a fresh process, quiet and busy, fits in ~25 minutes.
+    # name: (obs shape, net, pairs, fragment length, batch, minibatch). The CNN
+    # epochs hold about 800 frames of 84x84 (cnn84-25 is the 16 pairs,
+    # batch 16, minibatch 4), a second or two on two cores: long enough that
+    # tuning can be weighed against an epoch, short enough that a full run,
+    # every point in a fresh process, quiet and busy, fits in about 40 minutes.
     "mlp": ((4,), "mlp", 64, 50, 64, 16),
-    "cnn84-25": ((84, 84, 4), "cnn", 2, 25, 2, 1),
-    "cnn84-100": ((84, 84, 4), "cnn", 2, 100, 2, 1),
-    "cnn210": ((210, 160, 3), "cnn", 2, 25, 2, 1),
+    "cnn84-25": ((84, 84, 4), "cnn", 16, 25, 16, 4),
+    "cnn84-100": ((84, 84, 4), "cnn", 4, 100, 4, 1),
+    "cnn210": ((210, 160, 3), "cnn", 4, 25, 4, 1),
 }
 #: Epochs of the timed ``train`` call of each configuration (after a warm-up);
 #: imitation's MLP epochs take 100x longer on a loaded machine than the others.

@@ -1,7 +1,7 @@
 """Accelerator options of a trainer, in one argument: ``acceleration=``.
 
-Every option is off by default and none changes what a step computes beyond
-float round-off:
+None of the options changes what a step computes beyond float round-off. All
+are off by default but ``reuse_host_memory``:
 
 - ``pinned_staging``: each chunk's frames go to the device through a page-locked
   host buffer, copied with ``non_blocking=True`` on a side CUDA stream while the
@@ -19,6 +19,11 @@ float round-off:
   whose outputs are dropped, so it neither recompiles nor weighs in the loss.
   Nets with ``RunningNorm``/``EMANorm`` layers are refused (padding rows would
   enter their statistics).
+- ``reuse_host_memory`` (on): while a reward net on the CPU trains, freed
+  activation memory stays in the process for the next chunk instead of going
+  back to the kernel and faulting in again (glibc's ``malloc`` only; see
+  :mod:`imitation_accum.engine.host_memory`); it goes back to the kernel
+  after ``train`` returns.
 
 Example:
     >>> from imitation_accum import Acceleration  # doctest: +SKIP
@@ -35,6 +40,7 @@ from typing import Any, Iterator, Mapping, Optional, Union
 import torch as th
 from torch import nn
 
+from imitation_accum.engine import host_memory
 from imitation_accum.nets import acceleration as net_acceleration
 
 #: The values ``acceleration=`` accepts: options, a mapping of them (sacred), None.
@@ -55,6 +61,8 @@ class Acceleration:
         cudnn_benchmark: Turn on ``torch.backends.cudnn.benchmark`` while training.
         compile_backend: The ``torch.compile`` backend (``"inductor"``, PyTorch's
             default; ``"aot_eager"`` compiles nothing and is quick to set up).
+        reuse_host_memory: While the reward net trains on the CPU, keep freed
+            heap memory for the next chunk (returned after training).
     """
 
     pinned_staging: bool = False
@@ -62,6 +70,7 @@ class Acceleration:
     compile: bool = False
     cudnn_benchmark: bool = False
     compile_backend: str = "inductor"
+    reuse_host_memory: bool = True
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -78,7 +87,7 @@ class Acceleration:
 
     @property
     def any(self) -> bool:
-        """Whether any option is on."""
+        """Whether any option that is off by default is on."""
         return (
             self.pinned_staging
             or self.channels_last
@@ -163,7 +172,8 @@ class Acceleration:
 
         ``channels_last``, ``compile`` and ``cudnn_benchmark`` hold inside the
         context and are undone on exit (so the net pickles and saves as before);
-        ``pinned_staging`` is the tasks' business (they read it).
+        so does ``reuse_host_memory`` for a net on the CPU; ``pinned_staging`` is
+        the tasks' business (they read it).
 
         Args:
             net: The reward net whose ``forward`` the trainer calls.
@@ -172,6 +182,8 @@ class Acceleration:
             None.
         """
         with contextlib.ExitStack() as stack:
+            if self.reuse_host_memory and _on_cpu(net):
+                stack.enter_context(host_memory.kept_for_reuse())
             if self.cudnn_benchmark:
                 stack.enter_context(cudnn_benchmark())
             if self.channels_last:
@@ -194,11 +206,19 @@ def cudnn_benchmark(enabled: bool = True) -> Iterator[None]:
         th.backends.cudnn.benchmark = before
 
 
+def _on_cpu(net: nn.Module) -> bool:
+    parameter = next(net.parameters(), None)
+    return parameter is None or parameter.device.type == "cpu"
+
+
 def maybe_applied(
     acceleration: Optional[Acceleration],
     net: nn.Module,
 ) -> contextlib.AbstractContextManager:
     """``acceleration.applied(net)``, or nothing when there is nothing to apply."""
-    if acceleration is None or not acceleration.any:
+    if acceleration is None:
+        return contextlib.nullcontext()
+    reuse = acceleration.reuse_host_memory and _on_cpu(net)
+    if not (acceleration.any or reuse):
         return contextlib.nullcontext()
     return acceleration.applied(net)
