@@ -120,9 +120,12 @@ def test_an_improving_scan_runs_past_the_budget(monkeypatch):
 
 
 def test_thread_counts_are_timed_and_the_faster_kept():
-    def timing(size):
+    ceilings = []
+
+    def timing(size, ceiling=None):
         # Two threads wait for taken cores: small calls are far slower.
         overhead = 3e-2 if th.get_num_threads() > 1 else 2e-4
+        ceilings.append((size, th.get_num_threads(), ceiling))
         return (overhead + 1e-7 * size) / size
 
     tuner = planning.ForwardSizeTuner()
@@ -133,6 +136,78 @@ def test_thread_counts_are_timed_and_the_faster_kept():
     assert result.threads == 1 and size == 64
     assert (1, 2) in result.timings and (64, 1) in result.timings
     assert "CPU oversubscribed" in result.describe()
+    # The first count is timed without a ceiling; the second at the same size
+    # with OUTRUN_RATIO times the first's time per transition.
+    first = [c for c in ceilings if c[0] == 2]
+    assert first[0][1:] == (2, None)
+    assert first[1][1] == 1
+    assert first[1][2] == pytest.approx(
+        forward_size.OUTRUN_RATIO * result.timings[(2, 2)][0]
+    )
+
+
+def test_a_timing_stops_at_its_ceiling():
+    # A workload whose calls take 10 ms each: with a ceiling of 1 ms per
+    # transition the first call already exceeds it, so one call is timed.
+    class Slow:
+        key = "slow"
+        device = th.device("cpu")
+        params = [th.zeros(1, requires_grad=True)]
+        calls = []
+
+        def sample(self, n):
+            def call(start, stop):
+                self.calls.append((start, stop))
+                clock_sleep(0.01)
+                return self.params[0].expand(stop - start) * 1.0
+
+            return call, n
+
+        def measuring(self, checkpointing=True):
+            return contextlib.nullcontext()
+
+    import contextlib
+    import time
+
+    def clock_sleep(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    workload = Slow()
+    planner = planning.Planner(minibatch_size=None)
+    per_transition = planner._time_per_transition(workload, 2, limit=64, transitions=32)
+    assert len(workload.calls) == 16  # no ceiling: every call of the timing
+    workload.calls.clear()
+    per_transition = planner._time_per_transition(
+        workload, 2, limit=64, transitions=32, ceiling=1e-3
+    )
+    assert workload.calls == [(0, 2)]
+    assert per_transition >= 0.01 / 2
+
+
+@pytest.mark.parametrize(
+    "epoch, expected", [(None, 16), (100, 16), (3200, 100), (10**6, 256)]
+)
+def test_measurements_are_a_share_of_an_epoch(epoch, expected):
+    from imitation_accum.planning import planner
+
+    assert planner.measurement_transitions(epoch) == expected
+
+
+def test_pass_timing_stops_when_two_passes_are_clearly_slower():
+    weight = th.ones(3, requires_grad=True)
+    runs = []
+
+    def call(start, stop):
+        runs.append(th.is_grad_enabled())
+        return (th.ones(stop - start, 3) * weight).sum(1)
+
+    forward_size.time_passes(call, 8, 4, [weight], th.device("cpu"))
+    full = len(runs)
+    runs.clear()
+    forward_size.time_passes(call, 8, 4, [weight], th.device("cpu"), clear_ratio=0.0)
+    assert full == 3 * (2 + 4) and len(runs) == 2 + 4  # one of each, then decided
 
 
 def test_intra_op_threads_are_restored():

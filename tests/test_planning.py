@@ -86,7 +86,7 @@ def test_auto_forward_size_is_chosen_and_logged(rng, monkeypatch):
     # the fastest.
     tried = []
 
-    def measure(self, candidate):
+    def measure(self, candidate, ceiling=None):
         size, _ = candidate
         tried.append(size)
         self.timings.setdefault(candidate, []).append(1 / size + size / 8)

@@ -11,7 +11,17 @@ import dataclasses
 import itertools
 import statistics
 import time
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Hashable,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 import torch as th
 from torch import nn
@@ -28,6 +38,9 @@ REPEATS = 3
 #: A thread count this much slower than another at the same size is dropped.
 OUTRUN_RATIO = 2.0
 
+#: ``time_per_transition(size)`` or ``time_per_transition(size, ceiling=...)``:
+#: seconds per transition of calls of ``size`` (see :meth:`ForwardSizeTuner.tune`).
+TimingFunction = Callable[..., float]
 Candidate = Tuple[int, Optional[int]]
 """``(transitions per call, intra-op threads or None for unchanged)``."""
 
@@ -132,7 +145,7 @@ class ForwardSizeTuner:
         *,
         repeats: int = REPEATS,
         stop_ratio: float = 1.15,
-        tolerance: float = 1.05,
+        tolerance: float = 1.02,
         pathological_ratio: float = 10.0,
     ) -> None:
         self.repeats = repeats
@@ -144,7 +157,7 @@ class ForwardSizeTuner:
 
     def tune(
         self,
-        time_per_transition: Callable[[int], float],
+        time_per_transition: TimingFunction,
         max_size: int,
         *,
         budget_transitions: Optional[int] = None,
@@ -158,12 +171,15 @@ class ForwardSizeTuner:
         Args:
             time_per_transition: Runs forward+backward work in calls of the given
                 number of transitions and returns the seconds per transition.
+                With several ``thread_options`` it is also given ``ceiling=``, a
+                time per transition past which it may stop early and return
+                what it measured so far.
             max_size: Largest size to try.
             budget_transitions: The search may take as long as this many
                 transitions take at the best size found (one epoch's worth),
                 or ``None`` for no limit.
             thread_options: Intra-op thread counts to time each size with
-                (``None``: as set).
+                (``None``: as set), the first timed first and preferred in ties.
             oversubscribed: Recorded in the result (why threads were tried).
 
         Returns:
@@ -182,14 +198,14 @@ class ForwardSizeTuner:
             limit = budget()
             return limit is not None and time.perf_counter() - begin > share * limit
 
-        with cpu_load.intra_op_threads(search.thread_options[-1]):
+        with cpu_load.intra_op_threads(search.thread_options[0]):
             time_per_transition(1)  # warm-up (first calls, allocator): not counted
         slower_in_a_row = {threads: 0 for threads in search.thread_options}
         for size in sizes:
             scanning = [t for t, n in slower_in_a_row.items() if n < 2]
             for threads in scanning:  # thread options interleaved, size by size
                 try:
-                    search.measure((size, threads))
+                    search.measure((size, threads), search.ceiling((size, threads)))
                 except th.OutOfMemoryError:
                     if not search.timings:
                         raise
@@ -199,6 +215,7 @@ class ForwardSizeTuner:
                     # Another thread count is far faster at this size: this
                     # one's team waits for taken cores; no more time on it.
                     slower_in_a_row[threads] = 2
+                    search.outran.add((size, threads))
                     continue
                 search.recheck_if_implausible((size, threads))
                 if search.median((size, threads)) > self.stop_ratio * search.best():
@@ -263,7 +280,7 @@ class _Search:
     def __init__(
         self,
         tuner: ForwardSizeTuner,
-        time_per_transition: Callable[[int], float],
+        time_per_transition: TimingFunction,
         thread_options: List[Optional[int]],
     ) -> None:
         self.tuner = tuner
@@ -271,12 +288,32 @@ class _Search:
         self.thread_options = thread_options
         self.timings: Dict[Candidate, List[float]] = {}
         self.excluded: Dict[Candidate, str] = {}
+        self.outran: Set[Candidate] = set()
+        """Candidates far slower than another thread count: not re-timed."""
 
-    def measure(self, candidate: Candidate) -> None:
+    def measure(self, candidate: Candidate, ceiling: Optional[float] = None) -> None:
+        """Times ``candidate`` once; see :meth:`ceiling` for ``ceiling``."""
         size, threads = candidate
         with cpu_load.intra_op_threads(threads):
-            seconds = self.time_per_transition(size)
+            if ceiling is None:
+                seconds = self.time_per_transition(size)
+            else:
+                seconds = self.time_per_transition(size, ceiling=ceiling)
         self.timings.setdefault(candidate, []).append(seconds)
+
+    def ceiling(self, candidate: Candidate) -> Optional[float]:
+        """Seconds per transition past which timing ``candidate`` may stop.
+
+        ``OUTRUN_RATIO`` times the best other thread count's at the same size:
+        a count that slow is dropped anyway, and on a busy CPU a full timing of
+        it can take seconds (a team of threads waiting for taken cores).
+        """
+        others = [
+            self.median(c)
+            for c in self.usable()
+            if c[0] == candidate[0] and c[1] != candidate[1]
+        ]
+        return OUTRUN_RATIO * min(others) if others else None
 
     def median(self, candidate: Candidate) -> float:
         return statistics.median(self.timings[candidate])
@@ -298,7 +335,8 @@ class _Search:
         close = [
             c for c in self.usable() if self.median(c) <= self.tuner.stop_ratio * best
         ]
-        return sorted({n for c in close for n in self.neighbourhood(c)}, key=_order)
+        near = {n for c in close for n in self.neighbourhood(c)}
+        return sorted(near - self.outran, key=_order)
 
     def contenders(self) -> List[Candidate]:
         """The best candidate of each thread option and its neighbours."""
@@ -308,7 +346,7 @@ class _Search:
             if mine:
                 best = min(mine, key=self.median)
                 chosen.update(self.neighbourhood(best))
-        return sorted(chosen, key=_order)
+        return sorted(chosen - self.outran, key=_order)
 
     def neighbourhood(self, candidate: Candidate) -> List[Candidate]:
         same = sorted(c for c in self.usable() if c[1] == candidate[1])
@@ -360,7 +398,7 @@ class _Search:
         usable = self.usable() or list(self.timings)
         best = min(self.median(c) for c in usable)
         within = [c for c in usable if self.median(c) <= self.tuner.tolerance * best]
-        # The smallest size; among thread options, the default first.
+        # The smallest size; among thread options, the first.
         default = self.thread_options[0]
         return min(within, key=lambda c: (c[0], c[1] != default))
 
@@ -386,7 +424,7 @@ class ForwardSizes:
         self,
         key: Hashable,
         max_size: int,
-        time_per_transition: Callable[[int], float],
+        time_per_transition: TimingFunction,
         **search: Any,
     ) -> int:
         """The call size for calls of at most ``max_size`` transitions.
@@ -435,6 +473,7 @@ def time_passes(
     params: List[th.Tensor],
     device: th.device,
     repeats: int = REPEATS,
+    clear_ratio: Optional[float] = None,
 ) -> Tuple[float, float]:
     """Seconds of one pass and of two passes over ``n_transitions``.
 
@@ -449,6 +488,8 @@ def time_passes(
         params: Parameters to differentiate with respect to.
         device: Where the work runs.
         repeats: Timings of each, interleaved (the median counts).
+        clear_ratio: After the first timing of each, stop if two passes took at
+            least this many times one pass's time (the answer is clear then).
 
     Returns:
         ``(one-pass seconds, two-pass seconds)``.
@@ -479,6 +520,12 @@ def time_passes(
             run()
             observability.synchronize(device)
             seconds[run].append(time.perf_counter() - begin)
+        if (
+            index == 0
+            and clear_ratio is not None
+            and seconds[two_passes][0] >= clear_ratio * seconds[one_pass][0]
+        ):
+            break
     return statistics.median(seconds[one_pass]), statistics.median(seconds[two_passes])
 
 

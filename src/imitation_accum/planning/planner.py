@@ -17,6 +17,7 @@ without gradient. With ``forward_size="auto"`` the planner times both on the fir
 chunk of the first batch, chooses the faster and logs the choice.
 """
 
+import functools
 import time
 from typing import (
     Callable,
@@ -56,6 +57,10 @@ TUNING_BUDGET_EPOCHS = 1.0
 THREAD_TRIAL_STEPS = 3
 #: A thread count whose step is this much slower than the other's loses at once.
 THREAD_TRIAL_CLEAR = 2.0
+#: Forward-size timings that fit in one epoch's work, and the most transitions
+#: one of them runs (see :func:`measurement_transitions`).
+MEASUREMENTS_PER_EPOCH = 32
+MAX_MEASUREMENT_TRANSITIONS = 256
 #: Work of timing one pass and two passes, ``REPEATS`` times each, in units of
 #: one pass (two passes run a forward more).
 PASS_TIMING_PASSES = REPEATS * 2.5
@@ -174,14 +179,17 @@ class Planner:
         busy = False
         if workload.device.type == "cpu" and th.get_num_threads() > 1:
             busy = cpu_load.oversubscribed()
-            if busy:  # time one thread too: a team may wait for taken cores
-                thread_options.append(1)
+            if busy:  # one thread first: a team may wait for taken cores
+                thread_options.insert(0, 1)
         epoch = getattr(workload, "epoch_transitions", None)
+        measured = measurement_transitions(epoch)
         begin = time.perf_counter()
         size = self.forward_sizes.size(
             workload.key,
             limit,
-            lambda size: self._time_per_transition(workload, size, limit),
+            functools.partial(
+                self._time_per_transition, workload, limit=limit, transitions=measured
+            ),
             budget_transitions=(
                 None if epoch is None else int(TUNING_BUDGET_EPOCHS * epoch)
             ),
@@ -482,6 +490,7 @@ class Planner:
                     size,
                     list(workload.params),
                     workload.device,
+                    clear_ratio=1.0,  # two passes no faster at all: one pass
                 )
             self.tuning_seconds += time.perf_counter() - begin
             # Two passes do a forward more: only a clear gain is worth it.
@@ -490,7 +499,7 @@ class Planner:
             self.log(
                 f"two_pass: {t_two:.3g} s vs one pass {t_one:.3g} s over "
                 f"{min(timed, available)} transitions in calls of {size} "
-                f"(median of {REPEATS}): "
+                f"(median of up to {REPEATS}): "
                 f"{'two passes' if faster else 'one pass'}",
             )
         two_pass, t_one, t_two = self.timings[key]
@@ -519,20 +528,38 @@ class Planner:
             return None
         return min(n_transitions, affordable)
 
-    def _time_per_transition(self, workload: Workload, size: int, limit: int) -> float:
+    def _time_per_transition(
+        self,
+        workload: Workload,
+        size: int,
+        *,
+        limit: int,
+        transitions: int = TUNING_TRANSITIONS,
+        ceiling: Optional[float] = None,
+    ) -> float:
         """Seconds per transition of calls of ``size``, as a one-pass chunk runs.
 
-        Calls of ``size`` over a stretch of transitions (two calls at least),
-        their graphs kept, then one backward.
+        Calls of ``size`` over ``transitions`` transitions (two calls at least),
+        their graphs kept, then one backward. With a ``ceiling`` (seconds per
+        transition), the calls stop once they are slower than it, and the time
+        per transition of those run so far is returned.
         """
-        total = min(limit, max(2 * size, TUNING_TRANSITIONS))
+        total = min(limit, max(2 * size, transitions))
         call, available = workload.sample(total)
         total = min(total, available)
+        done = 0
 
         def run() -> th.Tensor:
-            return th.cat(
-                [call(s, min(s + size, total)) for s in range(0, total, size)],
-            )
+            nonlocal done
+            outputs, begin = [], time.perf_counter()
+            for start in range(0, total, size):
+                done = min(start + size, total)
+                outputs.append(call(start, done))
+                if ceiling is not None and (time.perf_counter() - begin) > (
+                    ceiling * done
+                ):
+                    break
+            return th.cat(outputs)
 
         with workload.measuring():
             seconds = time_forward_backward(
@@ -540,4 +567,17 @@ class Planner:
                 list(workload.params),
                 workload.device,
             )
-        return seconds / total
+        return seconds / done
+
+
+def measurement_transitions(epoch_transitions: Optional[int]) -> int:
+    """Transitions one forward-size timing runs: a share of an epoch, bounded.
+
+    :data:`MEASUREMENTS_PER_EPOCH` timings fit in an epoch's work; at least
+    :data:`TUNING_TRANSITIONS` (a few calls), at most
+    :data:`MAX_MEASUREMENT_TRANSITIONS` (enough for steady timings).
+    """
+    if epoch_transitions is None:
+        return TUNING_TRANSITIONS
+    share = epoch_transitions // MEASUREMENTS_PER_EPOCH
+    return int(min(MAX_MEASUREMENT_TRANSITIONS, max(TUNING_TRANSITIONS, share)))
