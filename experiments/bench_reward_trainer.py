@@ -1,18 +1,24 @@
 """Reward-model training speed and memory: imitation 1.0.1, this package, a floor.
 
-Three implementations train the same reward net on the same preference data:
+Four implementations train the same reward net on the same preference data:
 
 - ``imitation``: imitation 1.0.1's ``BasicRewardTrainer`` (two reward-net calls
   per pair, one host sync per pair);
 - ``accum``: ``imitation_accum.CrossEntropyRewardTrainer`` (``forward_size="auto"``);
 - ``floor``: a bare PyTorch loop over pre-stacked tensors (segment sums, BCE,
-  accumulate, step), timed at several forward sizes; the fastest is the floor.
+  accumulate, step), a minibatch's fragments interleaved in its calls, timed at
+  several forward sizes; the fastest is the floor;
+- ``exact-floor``: the same loop with this package's mirrored calls (each side
+  of the pairs end to end, call ``k`` of one side then of the other), which the
+  exact zeros under AdamW need (docs/exactness.md).
 
-Every configuration runs in a fresh process, ``--repeats`` times interleaved with
-the others (the fastest run counts); time per epoch is that of one ``train`` call
-of several epochs after a warm-up call of one epoch, and memory is
-the process's peak RSS minus its RSS before training. Ratios compare runs made in
-the same invocation.
+Every point runs in a fresh process, ``--repeats`` times, the repeats of a
+configuration interleaved (every point once per repeat, the order reversed
+every other repeat); the table gives medians, and ratios are medians of the
+ratios within a repeat. Time per epoch is that of one ``train`` call after a
+warm-up call of one epoch (which tunes the forward size). ``--busy`` also
+measures every point with a competing PyTorch job running. The bare loops run
+with the glibc ``malloc`` settings the trainer's ``reuse_host_memory`` sets.
 
 Usage::
 
@@ -200,12 +206,13 @@ def worker(
         results = list(getattr(sizes, "results", {}).values())
         extra["threads"] = results[0].threads if results else None
         extra["oversubscribed"] = bool(results and results[0].oversubscribed)
-    elif impl == "floor":
+    elif impl in FLOORS:
         best = None
-        sizes = floor_forward_sizes(kind, minibatch_size * 2 * length)
-        FloorLoop(net, dataset, batch_size, minibatch_size, sizes[0]).epochs(1)
+        loop_class = FLOORS[impl]
+        sizes = floor_forward_sizes(kind, minibatch_size * 2 * length, impl)
+        loop_class(net, dataset, batch_size, minibatch_size, sizes[0]).epochs(1)
         for fs in sizes:  # warmed up once; then each size's epochs timed
-            loop = FloorLoop(net, dataset, batch_size, minibatch_size, fs)
+            loop = loop_class(net, dataset, batch_size, minibatch_size, fs)
             start = time.perf_counter()
             loop.epochs(epochs)
             seconds = (time.perf_counter() - start) / epochs
@@ -250,9 +257,9 @@ def train_epochs(trainer, dataset, epochs):
     trainer.train(dataset)
 
 
-def floor_forward_sizes(kind, chunk_transitions):
-    if kind == "mlp":
-        return [chunk_transitions]
+def floor_forward_sizes(kind, chunk_transitions, impl="floor"):
+    if kind == "mlp":  # one call per minibatch; per side for the exact floor
+        return [chunk_transitions // (2 if impl == "exact-floor" else 1)]
     return [s for s in FLOOR_CNN_SIZES if s <= chunk_transitions]
 
 
@@ -295,23 +302,62 @@ class FloorLoop:
             self.optim.zero_grad()
             for m in range(0, len(batch), self.minibatch_size):
                 pairs = th.as_tensor(batch[m : m + self.minibatch_size])
-                frag_idx = th.stack([2 * pairs, 2 * pairs + 1], 1).reshape(-1)
-                obs = self.obs[frag_idx].flatten(0, 1)
-                acts = self.acts[frag_idx].flatten(0, 1)
-                rews = th.cat(
-                    [
-                        self.rewards(
-                            obs[s : s + self.forward_size],
-                            acts[s : s + self.forward_size],
-                        )
-                        for s in range(0, len(obs), self.forward_size)
-                    ],
-                )
-                returns = rews.reshape(len(frag_idx), -1).sum(1).reshape(-1, 2)
-                probs = th.sigmoid(returns[:, 0] - returns[:, 1])
+                returns_a, returns_b = self.returns(pairs)
+                probs = th.sigmoid(returns_a - returns_b)
                 loss = F.binary_cross_entropy(probs, self.prefs[pairs], reduction="sum")
                 (loss / len(batch)).backward()
             self.optim.step()
+
+    def returns(self, pairs):
+        """Both fragments' returns: the pairs' fragments interleaved in calls."""
+        frag_idx = th.stack([2 * pairs, 2 * pairs + 1], 1).reshape(-1)
+        obs = self.obs[frag_idx].flatten(0, 1)
+        acts = self.acts[frag_idx].flatten(0, 1)
+        size = self.forward_size
+        rews = th.cat(
+            [
+                self.rewards(obs[s : s + size], acts[s : s + size])
+                for s in range(0, len(obs), size)
+            ],
+        )
+        returns = rews.reshape(len(frag_idx), -1).sum(1).reshape(-1, 2)
+        return returns[:, 0], returns[:, 1]
+
+
+class ExactFloorLoop(FloorLoop):
+    """The hand-written loop with this package's exact zeros.
+
+    The first fragments of a minibatch's pairs are laid end to end, and so are
+    the second ones; call ``k`` of the first side, then call ``k`` of the second,
+    so that the two sides' contributions to a constant shift of the reward cancel
+    bit for bit (docs/exactness.md). The interleaved calls of :class:`FloorLoop`
+    leave round-off there.
+    """
+
+    def returns(self, pairs):
+        """Both fragments' returns: each side end to end, calls mirrored."""
+        sides = [
+            (self.obs[idx].flatten(0, 1), self.acts[idx].flatten(0, 1))
+            for idx in (2 * pairs, 2 * pairs + 1)
+        ]
+        size, calls = self.forward_size, ([], [])
+        for s in range(0, len(sides[0][0]), size):
+            for k, (obs, acts) in enumerate(sides):
+                calls[k].append(self.rewards(obs[s : s + size], acts[s : s + size]))
+        return tuple(th.cat(c).reshape(len(pairs), -1).sum(1) for c in calls)
+
+
+#: What each repeat times, in this order (reversed every other repeat).
+IMPLS = ("imitation", "accum", "floor", "exact-floor")
+#: The bare loops, by the name the table gives them.
+FLOORS = {"floor": FloorLoop, "exact-floor": ExactFloorLoop}
+#: glibc malloc settings the bare loops run with: those of the trainer's
+#: ``reuse_host_memory`` (imitation_accum.engine.host_memory), so that a floor
+#: does not lose time to page faults that the trainer avoids.
+FLOOR_MALLOC_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20),
+    "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1),
+}
 
 
 def run_worker(impl, config, epochs, env=None, **kwargs) -> dict:
@@ -324,7 +370,11 @@ def run_worker(impl, config, epochs, env=None, **kwargs) -> dict:
         check=True,
         capture_output=True,
         text=True,
-        env=None if env is None else {**os.environ, **env},
+        env={
+            **os.environ,
+            **(FLOOR_MALLOC_ENV if impl in FLOORS else {}),
+            **(env or {}),
+        },
     ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -420,7 +470,7 @@ def main() -> None:
         epochs = 2 if args.quick else (args.epochs or EPOCHS[config])
         for repeat in range(repeats):
             for mode in modes:
-                order = ("imitation", "accum", "floor")
+                order = IMPLS
                 if repeat % 2:
                     order = order[::-1]
                 with Competitor() if mode == "busy" else contextlib.nullcontext():
@@ -449,48 +499,55 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
         "imitation 1.0.1 s/epoch",
         "accum s/epoch",
         "floor s/epoch",
+        "exact floor s/epoch",
         "imitation / accum",
         "accum / floor",
+        "accum / exact floor",
         "accum forward_size",
         "floor forward_size",
         "machine",
         "load average (1 min)",
         "tuning s (epochs)",
         "first train() s",
-        "peak RSS MiB (imitation / accum / floor)",
+        "peak RSS MiB (imitation / accum / floor / exact floor)",
     )
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for (config, mode), r in runs.items():
-        i, a, f = r["imitation"], r["accum"], r["floor"]
+        if not all(impl in r for impl in IMPLS):
+            continue  # a repeat cut short before its last point
+        i, a, f, e = r["imitation"], r["accum"], r["floor"], r["exact-floor"]
 
         def secs(rs):
             return [x["seconds_per_epoch"] for x in rs]
 
         t_i, t_a, t_f = _median(secs(i)), _median(secs(a)), _median(secs(f))
+        t_e = _median(secs(e))
         speedup = _median([x / y for x, y in zip(secs(i), secs(a))])
         to_floor = _median([x / y for x, y in zip(secs(a), secs(f))])
+        to_exact = _median([x / y for x, y in zip(secs(a), secs(e))])
         sizes = sorted({str(x["forward_size"]) for x in a})
         threads = sorted({str(x["threads"]) for x in a if x.get("threads")})
         two_pass = any(x.get("two_pass") for x in a)
         accum_size = "/".join(sizes) + (" (two-pass)" if two_pass else "")
         if threads:
             accum_size += f", {'/'.join(threads)} thread(s)"
-        floor_sizes = "/".join(sorted({str(x["forward_size"]) for x in f}))
-        loads = [x["load_average"] for x in i + a + f]
+        floor_sizes = "/".join(sorted({str(x["forward_size"]) for x in f + e}))
+        loads = [x["load_average"] for x in i + a + f + e]
         tuning = _median([x["tuning_seconds"] for x in a])
         first = _median([x["first_train_seconds"] for x in a])
         busy = sum(bool(x.get("oversubscribed")) for x in a)
         lines.append(
             f"| {config} | {a[0]['batch_size']} / {a[0]['minibatch_size']} "
-            f"| {t_i:.4g} | {t_a:.4g} | {t_f:.4g} "
-            f"| {speedup:.2f}x | {to_floor:.2f}x "
+            f"| {t_i:.4g} | {t_a:.4g} | {t_f:.4g} | {t_e:.4g} "
+            f"| {speedup:.2f}x | {to_floor:.2f}x | {to_exact:.2f}x "
             f"| {accum_size} | {floor_sizes} "
             f"| {mode} (tuner saw it busy {busy}/{len(a)}) "
             f"| {_median(loads):.2f} ({min(loads):.2f}-{max(loads):.2f}) "
             f"| {tuning:.3g} ({tuning / t_a:.2g}) | {first:.3g} "
             f"| {_median([x['peak_rss_mib'] for x in i]):.0f} "
             f"/ {_median([x['peak_rss_mib'] for x in a]):.0f} "
-            f"/ {_median([x['peak_rss_mib'] for x in f]):.0f} |",
+            f"/ {_median([x['peak_rss_mib'] for x in f]):.0f} "
+            f"/ {_median([x['peak_rss_mib'] for x in e]):.0f} |",
         )
     done = {f"{config} {mode}: {len(r['accum'])}" for (config, mode), r in runs.items()}
     lines += [
@@ -507,7 +564,14 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
         "against two) in the first train(), and that in epochs of the timed "
         "train(); first train(): the whole one-epoch first call. Load average: "
         "the median (range) of /proc/loadavg's one-minute figure at the start of "
-        f"the points; commit {_results_commit()}.",
+        "the points. Floor: the bare loop, a minibatch's fragments interleaved in "
+        "its calls; exact floor: the bare loop with this package's mirrored "
+        "calls (each side of the pairs end to end, call k of one side then of "
+        "the other), which exact zeros under AdamW need (docs/exactness.md). "
+        "Both floors run with the glibc malloc settings of the trainer's "
+        "reuse_host_memory (MALLOC_MMAP_THRESHOLD_=32 MiB, "
+        "MALLOC_TRIM_THRESHOLD_=2 GiB); imitation runs with glibc's defaults, "
+        f"as its users do; commit {_results_commit()}.",
     ]
     write(out_dir / "bench_reward_trainer.md", lines)
 

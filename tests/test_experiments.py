@@ -198,8 +198,10 @@ def test_bench_reward_trainer(tmp_path):
         "imitation 1.0.1 s/epoch",
         "accum s/epoch",
         "floor s/epoch",
+        "exact floor s/epoch",
         "imitation / accum",
         "accum / floor",
+        "accum / exact floor",
         "accum forward_size",
         "floor forward_size",
     ]
