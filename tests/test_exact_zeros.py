@@ -80,7 +80,9 @@ def concatenated_forward(self, chunk, forward_size):
         for layout in layouts
         for s in range(0, layout.n_transitions, forward_size)
     ]
-    return th.cat(joined)
+    rewards = th.cat(joined)
+    split = layouts[0].n_transitions
+    return pair_task.SideRewards(rewards[:split], rewards[split:])
 
 
 def test_sides_called_one_after_the_other_leave_round_off(monkeypatch):

@@ -8,7 +8,16 @@ never keeps state from one call to the next.
 """
 
 import dataclasses
-from typing import Dict, Mapping, NamedTuple, Optional, Protocol, Sequence, TypeVar
+from typing import (
+    Any,
+    Dict,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Protocol,
+    Sequence,
+    TypeVar,
+)
 
 import numpy as np
 import torch as th
@@ -41,10 +50,14 @@ class AccumulationTask(Protocol[ChunkT_contra]):
     def metric_names(self) -> Sequence[str]:
         """The keys of the task's ``metric_sums``."""
 
-    def forward(self, chunk: ChunkT_contra, forward_size: int) -> th.Tensor:
-        """Runs ``chunk`` through the net in calls of at most ``forward_size``."""
+    def forward(self, chunk: ChunkT_contra, forward_size: int) -> Any:
+        """Runs ``chunk`` through the net in calls of at most ``forward_size``.
 
-    def loss(self, chunk: ChunkT_contra, outputs: th.Tensor) -> ChunkLoss:
+        Returns a tensor, or several in a tuple-like with ``float()`` (one per
+        side of a pair chunk); the engine only casts it to float32 for the loss.
+        """
+
+    def loss(self, chunk: ChunkT_contra, outputs: Any) -> ChunkLoss:
         """Computes the chunk's item losses from its outputs."""
 
 

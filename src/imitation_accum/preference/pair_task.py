@@ -19,7 +19,7 @@ with discount weights counted from the fragment's own first transition.
 """
 
 import dataclasses
-from typing import Dict, Hashable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch as th
@@ -450,11 +450,11 @@ class PreferenceTask:
         self,
         chunk: Union[PairChunk, TransitionChunk],
         forward_size: int,
-    ) -> th.Tensor:
-        """Per-transition rewards of ``chunk``: its first side's, then its second's.
+    ) -> Union[th.Tensor, "SideRewards"]:
+        """Per-transition rewards of ``chunk``, each side apart (:class:`SideRewards`).
 
         The sides are called in turn, ``forward_size`` transitions at a time (a
-        two-pass chunk is one call on one side).
+        two-pass chunk is one call on one side, and gives one tensor).
         """
         if isinstance(chunk, TransitionChunk):
             layout = chunk.batch.layouts[chunk.side]
@@ -472,7 +472,7 @@ class PreferenceTask:
                     outputs[side].append(
                         self._side_call(chunk, side, source, start, stop)
                     )
-        return th.cat([*outputs[0], *outputs[1]])
+        return SideRewards(*(_joined(side) for side in outputs))
 
     def _side_call(
         self,
@@ -490,11 +490,10 @@ class PreferenceTask:
         return self._run(inputs, start, stop)  # type: ignore[arg-type]
 
     def returns(
-        self, chunk: PairChunk, rewards: th.Tensor
+        self, chunk: PairChunk, rewards: "SideRewards"
     ) -> Tuple[th.Tensor, th.Tensor]:
         """Each fragment's discounted return: the first fragments', the second's."""
-        split = chunk.layouts[0].n_transitions
-        sides = (rewards[:split], rewards[split:])
+        sides = (rewards.first, rewards.second)
         returns = []
         for layout, discounts, side_rewards in zip(
             chunk.layouts, chunk.discounts, sides
@@ -504,7 +503,7 @@ class PreferenceTask:
             returns.append(layout.segment_sums(side_rewards))
         return returns[0], returns[1]
 
-    def loss(self, chunk: PairChunk, outputs: th.Tensor) -> ChunkLoss:
+    def loss(self, chunk: PairChunk, outputs: "SideRewards") -> ChunkLoss:
         """Per-pair cross-entropy losses and correct-prediction counts."""
         return self._loss_of_returns(chunk, *self.returns(chunk, outputs))
 
@@ -587,6 +586,25 @@ class PreferenceTask:
             reduction="none",
         )
         return losses.numpy()
+
+
+class SideRewards(NamedTuple):
+    """A pair chunk's per-transition rewards, each side's on its own.
+
+    Kept apart rather than concatenated: the returns sum each side, so a
+    concatenation would only be sliced again, two more nodes for the backward.
+    """
+
+    first: th.Tensor
+    second: th.Tensor
+
+    def float(self) -> "SideRewards":
+        """Both sides as float32 (the engine's cast of autocast outputs)."""
+        return SideRewards(self.first.float(), self.second.float())
+
+
+def _joined(calls: List[th.Tensor]) -> th.Tensor:
+    return calls[0] if len(calls) == 1 else th.cat(calls)
 
 
 def task_for(
