@@ -226,15 +226,15 @@ class ForwardSizeTuner:
                 break
             # The budget ends a scan that no longer improves; one that still
             # does (calls dominated by fixed costs) runs on, each size costing
-            # about as much as the last.
-            improving = any(
-                search.median((size, t)) * self.tolerance
-                < search.previous_best(size, t)
-                for t in scanning
-            )
-            # The scan keeps a share of the budget for re-timing the contenders.
-            if spent(1 / self.repeats) and not improving:
-                break
+            # about as much as the last. The scan keeps a share of the budget
+            # for re-timing the contenders.
+            if spent(1 / self.repeats) and not search.improving(size, scanning):
+                # Re-checked first: one noisy timing must not end a scan that
+                # halves the time per transition with every doubling.
+                for threads in scanning:
+                    search.measure((size, threads))
+                if not search.improving(size, scanning):
+                    break
         # Interleaved re-timing: the contenders until each has `repeats`; the
         # rest while the budget lasts.
         for round_index in range(1, self.repeats):
@@ -323,6 +323,13 @@ class _Search:
 
     def best(self) -> float:
         return min(self.median(c) for c in self.usable())
+
+    def improving(self, size: int, thread_options: Sequence[Optional[int]]) -> bool:
+        """Whether ``size`` beats every smaller size for one of ``thread_options``."""
+        return any(
+            self.median((size, t)) * self.tuner.tolerance < self.previous_best(size, t)
+            for t in thread_options
+        )
 
     def previous_best(self, size: int, threads: Optional[int]) -> float:
         """The best median of smaller sizes with ``threads`` (inf if none)."""

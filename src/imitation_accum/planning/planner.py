@@ -61,6 +61,8 @@ THREAD_TRIAL_CLEAR = 2.0
 #: one of them runs (see :func:`measurement_transitions`).
 MEASUREMENTS_PER_EPOCH = 32
 MAX_MEASUREMENT_TRANSITIONS = 256
+#: Calls one timing runs at most (at least two).
+MAX_CALLS_PER_TIMING = 8
 #: Work of timing one pass and two passes, ``REPEATS`` times each, in units of
 #: one pass (two passes run a forward more).
 PASS_TIMING_PASSES = REPEATS * 2.5
@@ -539,12 +541,16 @@ class Planner:
     ) -> float:
         """Seconds per transition of calls of ``size``, as a one-pass chunk runs.
 
-        Calls of ``size`` over ``transitions`` transitions (two calls at least),
-        their graphs kept, then one backward. With a ``ceiling`` (seconds per
+        Calls of ``size`` over ``transitions`` transitions (two calls at least,
+        :data:`MAX_CALLS_PER_TIMING` at most), their graphs kept, then one
+        backward. With a ``ceiling`` (seconds per
         transition), the calls stop once they are slower than it, and the time
         per transition of those run so far is returned.
         """
-        total = min(limit, max(2 * size, transitions))
+        # Small calls cost most per transition: a timing of them need not be
+        # as long to be as steady.
+        calls = min(transitions, MAX_CALLS_PER_TIMING * size)
+        total = min(limit, max(2 * size, calls))
         call, available = workload.sample(total)
         total = min(total, available)
         done = 0
