@@ -167,12 +167,15 @@ def worker(
     one_pass=False,
     pairs=None,
     length=None,
+    threads=None,
 ) -> dict:
     shape, kind, n_pairs, default_length, batch_size, minibatch_size = CONFIGS[config]
     n_pairs = pairs or n_pairs
     length = length or default_length
     batch_size = batch or batch_size
     minibatch_size = minibatch or minibatch_size
+    if threads:
+        th.set_num_threads(threads)
     th.manual_seed(0)
     dataset = make_data(shape, n_pairs, length)
     net = make_net(shape, kind)
@@ -418,6 +421,7 @@ def main() -> None:
     parser.add_argument("--one-pass", action="store_true")
     parser.add_argument("--pairs", type=int, help="worker: pairs in the dataset")
     parser.add_argument("--length", type=int, help="worker: fragment length")
+    parser.add_argument("--threads", type=int, help="worker: intra-op threads")
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -448,6 +452,7 @@ def main() -> None:
             args.one_pass,
             args.pairs,
             args.length,
+            args.threads,
         )
         print(json.dumps(result))
         return
@@ -478,7 +483,13 @@ def main() -> None:
                         n = epochs
                         if impl == "imitation" and not args.epochs:
                             n = min(epochs, IMITATION_EPOCHS.get(config, epochs))
-                        run = run_worker(impl, config, n)
+                        # A busy floor runs one thread: with torch's team of
+                        # two waiting for taken cores, one point ran for
+                        # minutes (the trainer decides this by measuring).
+                        one = mode == "busy" and impl in FLOORS
+                        run = run_worker(
+                            impl, config, n, **({"threads": 1} if one else {})
+                        )
                         runs.setdefault((config, mode), {}).setdefault(impl, []).append(
                             run
                         )
@@ -568,6 +579,8 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
         "its calls; exact floor: the bare loop with this package's mirrored "
         "calls (each side of the pairs end to end, call k of one side then of "
         "the other), which exact zeros under AdamW need (docs/exactness.md). "
+        "In busy rows both floors run one intra-op thread (with torch's "
+        "two, a busy floor point ran for minutes). "
         "Both floors run with the glibc malloc settings of the trainer's "
         "reuse_host_memory (MALLOC_MMAP_THRESHOLD_=32 MiB, "
         "MALLOC_TRIM_THRESHOLD_=2 GiB); imitation runs with glibc's defaults, "
