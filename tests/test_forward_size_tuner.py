@@ -5,7 +5,7 @@ import pytest
 import torch as th
 
 from imitation_accum import planning
-from imitation_accum.planning import cpu_load, forward_size
+from imitation_accum.planning import call_timing, cpu_load, forward_size, tuning_search
 from tests import reference as ref
 from tests.test_preference_exactness import make_net, make_trainer
 
@@ -156,7 +156,7 @@ def test_thread_counts_are_timed_and_the_faster_kept():
     assert first[0][1:] == (2, None)
     assert first[1][1] == 1
     assert first[1][2] == pytest.approx(
-        forward_size.OUTRUN_RATIO * result.timings[(2, 2)][0]
+        tuning_search.OUTRUN_RATIO * result.timings[(2, 2)][0]
     )
 
 
@@ -217,10 +217,10 @@ def test_pass_timing_stops_when_two_passes_are_clearly_slower():
         runs.append(th.is_grad_enabled())
         return (th.ones(stop - start, 3) * weight).sum(1)
 
-    forward_size.time_passes(call, 8, 4, [weight], th.device("cpu"))
+    call_timing.time_passes(call, 8, 4, [weight], th.device("cpu"))
     full = len(runs)
     runs.clear()
-    forward_size.time_passes(call, 8, 4, [weight], th.device("cpu"), clear_ratio=0.0)
+    call_timing.time_passes(call, 8, 4, [weight], th.device("cpu"), clear_ratio=0.0)
     assert full == 3 * (2 + 4) and len(runs) == 2 + 4  # one of each, then decided
 
 

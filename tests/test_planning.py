@@ -91,7 +91,7 @@ def test_auto_forward_size_is_chosen_and_logged(rng, monkeypatch):
         tried.append(size)
         self.timings.setdefault(candidate, []).append(1 / size + size / 8)
 
-    monkeypatch.setattr(planning.forward_size._Search, "measure", measure)
+    monkeypatch.setattr(planning.tuning_search.TuningSearch, "measure", measure)
     trainer.train(dataset)
     size = trainer.logger.name_to_value["reward/final/train/forward_size"]
     assert sorted(set(tried)) == [1, 2, 4, 8, 16]

@@ -5,13 +5,12 @@ consumes. Budgets, the saved-bytes probe, forward-size tuning and the
 out-of-memory back-off are its parts.
 """
 
+from imitation_accum.planning.call_timing import time_forward_backward, time_passes
 from imitation_accum.planning.forward_size import (
     TUNING_TRANSITIONS,
     ForwardSizes,
     ForwardSizeTuner,
     architecture_key,
-    time_forward_backward,
-    time_passes,
 )
 from imitation_accum.planning.plan import (
     StepPlan,

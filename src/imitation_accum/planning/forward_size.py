@@ -4,45 +4,40 @@ On a CPU convolutions over Atari frames run several times faster in calls of a f
 frames than in one large call, while a GPU wants large calls until it is
 saturated. :class:`ForwardSizeTuner` times sizes 1, 2, 4, ...;
 :class:`ForwardSizes` keeps one result per net architecture, input and device for
-the planner that owns it; :func:`time_passes` times one pass against two.
+the planner that owns it. The search's state and rules are in
+:mod:`~imitation_accum.planning.tuning_search`, the timings of calls in
+:mod:`~imitation_accum.planning.call_timing`.
 """
 
 import dataclasses
-import itertools
 import statistics
 import time
 from typing import (
     Any,
-    Callable,
     Dict,
     Hashable,
     List,
     Optional,
     Sequence,
-    Set,
     Tuple,
 )
 
 import torch as th
 from torch import nn
 
-from imitation_accum.engine import observability
 from imitation_accum.planning import cpu_load
+from imitation_accum.planning.call_timing import REPEATS
+from imitation_accum.planning.tuning_search import (
+    Candidate,
+    TimingFunction,
+    TuningSearch,
+    candidate_order,
+)
 
 #: Fewest transitions one forward-size measurement runs (two calls at least):
 #: enough for a few calls of small sizes, so that the allocator and caches see
 #: what a step does, and cheap enough to repeat.
 TUNING_TRANSITIONS = 16
-#: Measurements of each timing that count, interleaved (their median counts).
-REPEATS = 3
-#: A thread count this much slower than another at the same size is dropped.
-OUTRUN_RATIO = 2.0
-
-#: ``time_per_transition(size)`` or ``time_per_transition(size, ceiling=...)``:
-#: seconds per transition of calls of ``size`` (see :meth:`ForwardSizeTuner.tune`).
-TimingFunction = Callable[..., float]
-Candidate = Tuple[int, Optional[int]]
-"""``(transitions per call, intra-op threads or None for unchanged)``."""
 
 
 @dataclasses.dataclass
@@ -186,7 +181,7 @@ class ForwardSizeTuner:
             The chosen number of transitions per call.
         """
         begin = time.perf_counter()
-        search = _Search(self, time_per_transition, list(thread_options))
+        search = TuningSearch(self, time_per_transition, list(thread_options))
         sizes = _doubling_sizes(max_size)
 
         def budget() -> Optional[float]:
@@ -240,7 +235,9 @@ class ForwardSizeTuner:
         for round_index in range(1, self.repeats):
             order = search.contenders()
             if not spent():
-                order = sorted(set(order) | set(search.near_best()), key=_order)
+                order = sorted(
+                    set(order) | set(search.near_best()), key=candidate_order
+                )
             if round_index % 2:
                 order = order[::-1]
             for candidate in order:
@@ -262,152 +259,12 @@ class ForwardSizeTuner:
         return size
 
 
-def _order(candidate: Candidate) -> Tuple[int, int]:
-    return candidate[0], -1 if candidate[1] is None else candidate[1]
-
-
 def _doubling_sizes(max_size: int) -> List[int]:
     sizes, size = [], 1
     while size < max_size:
         sizes.append(size)
         size *= 2
     return [*sizes, max(1, max_size)]
-
-
-class _Search:
-    """The timings of one search and the rules that read them."""
-
-    def __init__(
-        self,
-        tuner: ForwardSizeTuner,
-        time_per_transition: TimingFunction,
-        thread_options: List[Optional[int]],
-    ) -> None:
-        self.tuner = tuner
-        self.time_per_transition = time_per_transition
-        self.thread_options = thread_options
-        self.timings: Dict[Candidate, List[float]] = {}
-        self.excluded: Dict[Candidate, str] = {}
-        self.outran: Set[Candidate] = set()
-        """Candidates far slower than another thread count: not re-timed."""
-
-    def measure(self, candidate: Candidate, ceiling: Optional[float] = None) -> None:
-        """Times ``candidate`` once; see :meth:`ceiling` for ``ceiling``."""
-        size, threads = candidate
-        with cpu_load.intra_op_threads(threads):
-            if ceiling is None:
-                seconds = self.time_per_transition(size)
-            else:
-                seconds = self.time_per_transition(size, ceiling=ceiling)
-        self.timings.setdefault(candidate, []).append(seconds)
-
-    def ceiling(self, candidate: Candidate) -> Optional[float]:
-        """Seconds per transition past which timing ``candidate`` may stop.
-
-        ``OUTRUN_RATIO`` times the best other thread count's at the same size:
-        a count that slow is dropped anyway, and on a busy CPU a full timing of
-        it can take seconds (a team of threads waiting for taken cores).
-        """
-        others = [
-            self.median(c)
-            for c in self.usable()
-            if c[0] == candidate[0] and c[1] != candidate[1]
-        ]
-        return OUTRUN_RATIO * min(others) if others else None
-
-    def median(self, candidate: Candidate) -> float:
-        return statistics.median(self.timings[candidate])
-
-    def usable(self) -> List[Candidate]:
-        return [c for c in self.timings if c not in self.excluded]
-
-    def best(self) -> float:
-        return min(self.median(c) for c in self.usable())
-
-    def improving(self, size: int, thread_options: Sequence[Optional[int]]) -> bool:
-        """Whether ``size`` beats every smaller size for one of ``thread_options``."""
-        return any(
-            self.median((size, t)) * self.tuner.tolerance < self.previous_best(size, t)
-            for t in thread_options
-        )
-
-    def previous_best(self, size: int, threads: Optional[int]) -> float:
-        """The best median of smaller sizes with ``threads`` (inf if none)."""
-        smaller = [c for c in self.usable() if c[1] == threads and c[0] < size]
-        return min((self.median(c) for c in smaller), default=float("inf"))
-
-    def near_best(self) -> List[Candidate]:
-        """Candidates within ``stop_ratio`` of the best, and their neighbours."""
-        best = self.best()
-        close = [
-            c for c in self.usable() if self.median(c) <= self.tuner.stop_ratio * best
-        ]
-        near = {n for c in close for n in self.neighbourhood(c)}
-        return sorted(near - self.outran, key=_order)
-
-    def contenders(self) -> List[Candidate]:
-        """The best candidate of each thread option and its neighbours."""
-        chosen = set()
-        for threads in self.thread_options:
-            mine = [c for c in self.usable() if c[1] == threads]
-            if mine:
-                best = min(mine, key=self.median)
-                chosen.update(self.neighbourhood(best))
-        return sorted(chosen - self.outran, key=_order)
-
-    def neighbourhood(self, candidate: Candidate) -> List[Candidate]:
-        same = sorted(c for c in self.usable() if c[1] == candidate[1])
-        index = same.index(candidate)
-        return same[max(0, index - 1) : index + 2]
-
-    def outrun(self, candidate: Candidate) -> bool:
-        """Whether another thread count is ``OUTRUN_RATIO`` times faster at its size."""
-        others = [
-            self.median(c)
-            for c in self.usable()
-            if c[0] == candidate[0] and c[1] != candidate[1]
-        ]
-        return bool(others) and self.median(candidate) > OUTRUN_RATIO * min(others)
-
-    def implausible(self, first: Candidate, second: Candidate) -> bool:
-        ratio = self.median(first) / max(self.median(second), 1e-12)
-        limit = self.tuner.pathological_ratio
-        return ratio > limit or ratio < 1 / limit
-
-    def recheck_if_implausible(self, candidate: Candidate) -> None:
-        """Re-times ``candidate`` and its smaller neighbour if they are far apart."""
-        same = sorted(c for c in self.timings if c[1] == candidate[1])
-        index = same.index(candidate)
-        if index and self.implausible(candidate, same[index - 1]):
-            for _ in range(self.tuner.repeats - 1):
-                self.measure(same[index - 1])
-                self.measure(candidate)
-
-    def recheck_neighbours(self) -> None:
-        """Sets aside sizes that stay implausibly slow against a neighbour."""
-        for threads in self.thread_options:
-            same = sorted(c for c in self.timings if c[1] == threads)
-            for smaller, larger in itertools.pairwise(same):
-                if not self.implausible(smaller, larger):
-                    continue
-                for _ in range(max(0, self.tuner.repeats - len(self.timings[larger]))):
-                    self.measure(smaller)
-                    self.measure(larger)
-                if self.implausible(smaller, larger):
-                    slow = max((smaller, larger), key=self.median)
-                    other = larger if slow == smaller else smaller
-                    ratio = self.median(slow) / self.median(other)
-                    self.excluded[slow] = (
-                        f"{ratio:.3g}x slower per transition than size {other[0]}"
-                    )
-
-    def choice(self) -> Candidate:
-        usable = self.usable() or list(self.timings)
-        best = min(self.median(c) for c in usable)
-        within = [c for c in usable if self.median(c) <= self.tuner.tolerance * best]
-        # The smallest size; among thread options, the first.
-        default = self.thread_options[0]
-        return min(within, key=lambda c: (c[0], c[1] != default))
 
 
 class ForwardSizes:
@@ -471,90 +328,3 @@ def architecture_key(net: nn.Module, *extra: Hashable) -> Hashable:
     """A cache key for a net's timing: its class, parameter shapes and ``extra``."""
     shapes = tuple(tuple(p.shape) for p in net.parameters())
     return (type(net).__qualname__, shapes, *extra)
-
-
-def time_passes(
-    call: Callable[[int, int], th.Tensor],
-    n_transitions: int,
-    forward_size: int,
-    params: List[th.Tensor],
-    device: th.device,
-    repeats: int = REPEATS,
-    clear_ratio: Optional[float] = None,
-) -> Tuple[float, float]:
-    """Seconds of one pass and of two passes over ``n_transitions``.
-
-    One pass: every call of ``forward_size`` transitions with gradient, then one
-    backward of them all. Two passes: every call without gradient, then every
-    call again with gradient and its backward at once. ``.grad`` is not touched.
-
-    Args:
-        call: Runs one reward-net call on transitions ``[start, stop)``.
-        n_transitions: Transitions to run.
-        forward_size: Transitions per call.
-        params: Parameters to differentiate with respect to.
-        device: Where the work runs.
-        repeats: Timings of each, interleaved (the median counts).
-        clear_ratio: After the first timing of each, stop if two passes took at
-            least this many times one pass's time (the answer is clear then).
-
-    Returns:
-        ``(one-pass seconds, two-pass seconds)``.
-    """
-    bounds = [
-        (start, min(start + forward_size, n_transitions))
-        for start in range(0, n_transitions, forward_size)
-    ]
-    wanted = [p for p in params if p.requires_grad]
-
-    def two_passes() -> None:
-        with th.no_grad():
-            for start, stop in bounds:
-                call(start, stop)
-        for start, stop in bounds:
-            th.autograd.grad(call(start, stop).float().sum(), wanted, allow_unused=True)
-
-    def one_pass() -> None:
-        outputs = th.cat([call(start, stop) for start, stop in bounds])
-        th.autograd.grad(outputs.float().sum(), wanted, allow_unused=True)
-
-    seconds: Dict[Callable[[], None], List[float]] = {two_passes: [], one_pass: []}
-    for index in range(repeats):  # interleaved, alternating which goes first
-        runs = list(seconds) if index % 2 == 0 else list(seconds)[::-1]
-        for run in runs:
-            observability.synchronize(device)
-            begin = time.perf_counter()
-            run()
-            observability.synchronize(device)
-            seconds[run].append(time.perf_counter() - begin)
-        if (
-            index == 0
-            and clear_ratio is not None
-            and seconds[two_passes][0] >= clear_ratio * seconds[one_pass][0]
-        ):
-            break
-    return statistics.median(seconds[one_pass]), statistics.median(seconds[two_passes])
-
-
-def time_forward_backward(
-    run: Callable[[], th.Tensor],
-    params: List[th.Tensor],
-    device: th.device,
-) -> float:
-    """Seconds for ``run()`` and a backward of its sum, without touching ``.grad``.
-
-    Args:
-        run: Computes outputs that depend on ``params``.
-        params: Parameters to differentiate with respect to.
-        device: Where the work runs (synchronized around the timing).
-
-    Returns:
-        Elapsed wall-clock seconds.
-    """
-    observability.synchronize(device)
-    start = time.perf_counter()
-    outputs = run()
-    wanted = [p for p in params if p.requires_grad]
-    th.autograd.grad(outputs.sum(), wanted, allow_unused=True)
-    observability.synchronize(device)
-    return time.perf_counter() - start

@@ -37,13 +37,15 @@ import numpy as np
 import torch as th
 
 from imitation_accum.planning import budget, cpu_load, oom, probe
-from imitation_accum.planning.forward_size import (
+from imitation_accum.planning.call_timing import (
     REPEATS,
+    time_forward_backward,
+    time_passes,
+)
+from imitation_accum.planning.forward_size import (
     TUNING_TRANSITIONS,
     ForwardSizes,
     TuningResult,
-    time_forward_backward,
-    time_passes,
 )
 from imitation_accum.planning.plan import StepPlan, as_sides, pair_chunks
 

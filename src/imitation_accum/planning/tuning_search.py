@@ -1,0 +1,171 @@
+"""The state of one forward-size search and the rules that read its timings.
+
+:class:`TuningSearch` holds the timings of each candidate (a call size and an
+intra-op thread count) and decides what is usable, near the best, outrun by
+another thread count or implausible; :class:`ForwardSizeTuner` drives it.
+"""
+
+import itertools
+import statistics
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from imitation_accum.planning import cpu_load
+
+if TYPE_CHECKING:
+    from imitation_accum.planning.forward_size import ForwardSizeTuner
+
+#: A thread count this much slower than another at the same size is dropped.
+OUTRUN_RATIO = 2.0
+
+#: ``time_per_transition(size)`` or ``time_per_transition(size, ceiling=...)``:
+#: seconds per transition of calls of ``size`` (see :meth:`ForwardSizeTuner.tune`).
+TimingFunction = Callable[..., float]
+Candidate = Tuple[int, Optional[int]]
+"""``(transitions per call, intra-op threads or None for unchanged)``."""
+
+
+def candidate_order(candidate: Candidate) -> Tuple[int, int]:
+    """Sorts candidates by size, then thread count (``None`` first)."""
+    return candidate[0], -1 if candidate[1] is None else candidate[1]
+
+
+class TuningSearch:
+    """The timings of one search and the rules that read them."""
+
+    def __init__(
+        self,
+        tuner: "ForwardSizeTuner",
+        time_per_transition: TimingFunction,
+        thread_options: List[Optional[int]],
+    ) -> None:
+        self.tuner = tuner
+        self.time_per_transition = time_per_transition
+        self.thread_options = thread_options
+        self.timings: Dict[Candidate, List[float]] = {}
+        self.excluded: Dict[Candidate, str] = {}
+        self.outran: Set[Candidate] = set()
+        """Candidates far slower than another thread count: not re-timed."""
+
+    def measure(self, candidate: Candidate, ceiling: Optional[float] = None) -> None:
+        """Times ``candidate`` once; see :meth:`ceiling` for ``ceiling``."""
+        size, threads = candidate
+        with cpu_load.intra_op_threads(threads):
+            if ceiling is None:
+                seconds = self.time_per_transition(size)
+            else:
+                seconds = self.time_per_transition(size, ceiling=ceiling)
+        self.timings.setdefault(candidate, []).append(seconds)
+
+    def ceiling(self, candidate: Candidate) -> Optional[float]:
+        """Seconds per transition past which timing ``candidate`` may stop.
+
+        ``OUTRUN_RATIO`` times the best other thread count's at the same size:
+        a count that slow is dropped anyway, and on a busy CPU a full timing of
+        it can take seconds (a team of threads waiting for taken cores).
+        """
+        others = [
+            self.median(c)
+            for c in self.usable()
+            if c[0] == candidate[0] and c[1] != candidate[1]
+        ]
+        return OUTRUN_RATIO * min(others) if others else None
+
+    def median(self, candidate: Candidate) -> float:
+        """The median of ``candidate``'s timings (seconds per transition)."""
+        return statistics.median(self.timings[candidate])
+
+    def usable(self) -> List[Candidate]:
+        """The candidates timed and not set aside."""
+        return [c for c in self.timings if c not in self.excluded]
+
+    def best(self) -> float:
+        """The least median of the usable candidates."""
+        return min(self.median(c) for c in self.usable())
+
+    def improving(self, size: int, thread_options: Sequence[Optional[int]]) -> bool:
+        """Whether ``size`` beats every smaller size for one of ``thread_options``."""
+        return any(
+            self.median((size, t)) * self.tuner.tolerance < self.previous_best(size, t)
+            for t in thread_options
+        )
+
+    def previous_best(self, size: int, threads: Optional[int]) -> float:
+        """The best median of smaller sizes with ``threads`` (inf if none)."""
+        smaller = [c for c in self.usable() if c[1] == threads and c[0] < size]
+        return min((self.median(c) for c in smaller), default=float("inf"))
+
+    def near_best(self) -> List[Candidate]:
+        """Candidates within ``stop_ratio`` of the best, and their neighbours."""
+        best = self.best()
+        close = [
+            c for c in self.usable() if self.median(c) <= self.tuner.stop_ratio * best
+        ]
+        near = {n for c in close for n in self.neighbourhood(c)}
+        return sorted(near - self.outran, key=candidate_order)
+
+    def contenders(self) -> List[Candidate]:
+        """The best candidate of each thread option and its neighbours."""
+        chosen = set()
+        for threads in self.thread_options:
+            mine = [c for c in self.usable() if c[1] == threads]
+            if mine:
+                best = min(mine, key=self.median)
+                chosen.update(self.neighbourhood(best))
+        return sorted(chosen - self.outran, key=candidate_order)
+
+    def neighbourhood(self, candidate: Candidate) -> List[Candidate]:
+        """``candidate`` and the next smaller and larger sizes of its thread count."""
+        same = sorted(c for c in self.usable() if c[1] == candidate[1])
+        index = same.index(candidate)
+        return same[max(0, index - 1) : index + 2]
+
+    def outrun(self, candidate: Candidate) -> bool:
+        """Whether another thread count is ``OUTRUN_RATIO`` times faster at its size."""
+        others = [
+            self.median(c)
+            for c in self.usable()
+            if c[0] == candidate[0] and c[1] != candidate[1]
+        ]
+        return bool(others) and self.median(candidate) > OUTRUN_RATIO * min(others)
+
+    def implausible(self, first: Candidate, second: Candidate) -> bool:
+        """Whether two timings are ``pathological_ratio`` or more apart."""
+        ratio = self.median(first) / max(self.median(second), 1e-12)
+        limit = self.tuner.pathological_ratio
+        return ratio > limit or ratio < 1 / limit
+
+    def recheck_if_implausible(self, candidate: Candidate) -> None:
+        """Re-times ``candidate`` and its smaller neighbour if they are far apart."""
+        same = sorted(c for c in self.timings if c[1] == candidate[1])
+        index = same.index(candidate)
+        if index and self.implausible(candidate, same[index - 1]):
+            for _ in range(self.tuner.repeats - 1):
+                self.measure(same[index - 1])
+                self.measure(candidate)
+
+    def recheck_neighbours(self) -> None:
+        """Sets aside sizes that stay implausibly slow against a neighbour."""
+        for threads in self.thread_options:
+            same = sorted(c for c in self.timings if c[1] == threads)
+            for smaller, larger in itertools.pairwise(same):
+                if not self.implausible(smaller, larger):
+                    continue
+                for _ in range(max(0, self.tuner.repeats - len(self.timings[larger]))):
+                    self.measure(smaller)
+                    self.measure(larger)
+                if self.implausible(smaller, larger):
+                    slow = max((smaller, larger), key=self.median)
+                    other = larger if slow == smaller else smaller
+                    ratio = self.median(slow) / self.median(other)
+                    self.excluded[slow] = (
+                        f"{ratio:.3g}x slower per transition than size {other[0]}"
+                    )
+
+    def choice(self) -> Candidate:
+        """The smallest size within ``tolerance`` of the best (ties: first count)."""
+        usable = self.usable() or list(self.timings)
+        best = min(self.median(c) for c in usable)
+        within = [c for c in usable if self.median(c) <= self.tuner.tolerance * best]
+        # The smallest size; among thread options, the first.
+        default = self.thread_options[0]
+        return min(within, key=lambda c: (c[0], c[1] != default))
