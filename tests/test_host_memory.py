@@ -4,17 +4,16 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 import torch as th
-from imitation.algorithms import preference_comparisons as pc
 from imitation.rewards.reward_nets import BasicRewardNet
 from imitation.util import logger as imit_logger
 
-from imitation_accum import Acceleration, CrossEntropyRewardTrainer
+from imitation_accum import Acceleration
 from imitation_accum.engine import acceleration as acceleration_module
 from imitation_accum.engine import host_memory
 from tests import reference as ref
+from tests.test_preference_exactness import make_trainer
 
 
 class FakeLibc:
@@ -93,19 +92,6 @@ def test_real_glibc_accepts_the_values():
     assert out == ["1", "1", "1"]
 
 
-def _trainer(net, **kwargs):
-    return CrossEntropyRewardTrainer(
-        pc.PreferenceModel(net),
-        pc.CrossEntropyRewardLoss(),
-        np.random.default_rng(0),
-        batch_size=4,
-        minibatch_size=2,
-        progress_bar=False,
-        custom_logger=imit_logger.configure(format_strs=[]),
-        **kwargs,
-    )
-
-
 @pytest.mark.parametrize("reuse", [True, False])
 def test_trainer_keeps_memory_while_training_on_cpu(rng, monkeypatch, reuse):
     entered = []
@@ -118,7 +104,13 @@ def test_trainer_keeps_memory_while_training_on_cpu(rng, monkeypatch, reuse):
     monkeypatch.setattr(host_memory, "kept_for_reuse", recording)
     dataset = ref.make_dataset(rng, 4, (3, 3))
     net = BasicRewardNet(ref.OBS_SPACE, ref.ACT_SPACE)
-    trainer = _trainer(net, acceleration=Acceleration(reuse_host_memory=reuse))
+    trainer = make_trainer(
+        net,
+        batch_size=4,
+        minibatch_size=2,
+        custom_logger=imit_logger.configure(format_strs=[]),
+        acceleration=Acceleration(reuse_host_memory=reuse),
+    )
     trainer.train(dataset)
     trainer.train(dataset)
     assert entered == ([True, True] if reuse else [])
