@@ -590,17 +590,21 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
 
 
 def _results_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).resolve().parent,
+    """The commit measured, ``-dirty`` if files other than the tables differ."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], capture_output=True, text=True, check=True, cwd=root
         ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        # The tables are rewritten during the run: they do not make it dirty.
+        changed = git("status", "--porcelain", "--", ".", ":(exclude)docs/results")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return out or "unknown"
+    return (commit + ("-dirty" if changed else "")) or "unknown"
 
 
 def write(path: Path, lines) -> None:

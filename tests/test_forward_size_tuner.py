@@ -74,10 +74,10 @@ def test_one_slow_timing_does_not_end_the_search():
 
 def test_a_size_that_stays_implausible_is_set_aside():
     curve = mlp_like()
-    curve.always = {4}
+    curve.always = {8}  # a size the scan times (fixed costs skip 4)
     tuner = planning.ForwardSizeTuner()
     assert tuner.tune(curve, 256) == 256
-    assert (4, None) in tuner.last_result.excluded
+    assert (8, None) in tuner.last_result.excluded
     assert "set aside" in tuner.last_result.describe()
 
 
@@ -338,3 +338,55 @@ def test_chosen_seconds_when_the_step_trial_picks_threads_not_timed_at_that_size
     assert result.chosen_seconds() == 2.0
     result.threads = None
     assert result.chosen_seconds() == 2.0
+
+
+def test_busy_one_thread_calls_are_timed_in_cpu_time():
+    """Time a call spends off the core (another job's slice) does not count."""
+    import contextlib
+    import time
+
+    class Preempted:
+        key = "preempted"
+        device = th.device("cpu")
+        params = [th.zeros(1, requires_grad=True)]
+
+        def sample(self, n):
+            def call(start, stop):
+                time.sleep(0.02)  # descheduled: wall time passes, CPU time not
+                return self.params[0].expand(stop - start) * 1.0
+
+            return call, n
+
+        def measuring(self, checkpointing=True):
+            return contextlib.nullcontext()
+
+    planner = planning.Planner(minibatch_size=None)
+    workload = Preempted()
+    with cpu_load.intra_op_threads(1):
+        busy = planner._time_per_transition(
+            workload, 2, limit=8, transitions=8, busy=True
+        )
+        wall = planner._time_per_transition(workload, 2, limit=8, transitions=8)
+        assert cpu_load.call_clock(True) is time.thread_time
+    assert wall >= 0.02 / 2  # the wall clock counts the time off the core
+    assert busy < wall / 10
+    with cpu_load.intra_op_threads(2):  # a team also waits: only wall time sees it
+        assert cpu_load.call_clock(True) is time.perf_counter
+    assert cpu_load.call_clock(False) is time.perf_counter
+
+
+def test_a_thread_count_outrun_is_not_re_timed():
+    """Two threads 60x slower at size 2 (a team waiting): timed once, dropped."""
+    counts = {}
+
+    def timing(size, ceiling=None):
+        threads = th.get_num_threads()
+        counts[size, threads] = counts.get((size, threads), 0) + 1
+        overhead = 3e-2 if threads > 1 and size > 1 else 2e-4
+        return (overhead + 1e-7 * size) / size
+
+    tuner = planning.ForwardSizeTuner()
+    assert tuner.tune(timing, 64, thread_options=(1, 2), oversubscribed=True) == 64
+    assert (2, 2) in tuner.last_result.timings
+    # Implausibly far from size 1 at two threads, but outrun: not re-timed.
+    assert counts[2, 2] == 1 and not tuner.last_result.excluded

@@ -232,7 +232,9 @@ def plan(planner, lengths, *, tuned=4, timings=None):
     planner.forward_sizes.found[FakeWorkload.key] = (tuned, False)
     calls = []
 
-    def time_passes(call, n_transitions, size, params, device, clear_ratio=None):
+    def time_passes(
+        call, n_transitions, size, params, device, clear_ratio=None, clock=None
+    ):
         assert timings is not None, "the planner timed passes where it should not"
         calls.append((n_transitions, size))
         return timings

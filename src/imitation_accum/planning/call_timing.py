@@ -25,6 +25,7 @@ def time_passes(
     device: th.device,
     repeats: int = REPEATS,
     clear_ratio: Optional[float] = None,
+    clock: Optional[Callable[[], float]] = None,
 ) -> Tuple[float, float]:
     """Seconds of one pass and of two passes over ``n_transitions``.
 
@@ -41,10 +42,13 @@ def time_passes(
         repeats: Timings of each, interleaved (the median counts).
         clear_ratio: After the first timing of each, stop if two passes took at
             least this many times one pass's time (the answer is clear then).
+        clock: Reads seconds (default ``time.perf_counter``; see
+            :func:`~imitation_accum.planning.cpu_load.call_clock`).
 
     Returns:
         ``(one-pass seconds, two-pass seconds)``.
     """
+    clock = clock or time.perf_counter
     bounds = [
         (start, min(start + forward_size, n_transitions))
         for start in range(0, n_transitions, forward_size)
@@ -67,10 +71,10 @@ def time_passes(
         runs = list(seconds) if index % 2 == 0 else list(seconds)[::-1]
         for run in runs:
             observability.synchronize(device)
-            begin = time.perf_counter()
+            begin = clock()
             run()
             observability.synchronize(device)
-            seconds[run].append(time.perf_counter() - begin)
+            seconds[run].append(clock() - begin)
         if (
             index == 0
             and clear_ratio is not None
@@ -84,6 +88,7 @@ def time_forward_backward(
     run: Callable[[], th.Tensor],
     params: List[th.Tensor],
     device: th.device,
+    clock: Optional[Callable[[], float]] = None,
 ) -> float:
     """Seconds for ``run()`` and a backward of its sum, without touching ``.grad``.
 
@@ -91,14 +96,17 @@ def time_forward_backward(
         run: Computes outputs that depend on ``params``.
         params: Parameters to differentiate with respect to.
         device: Where the work runs (synchronized around the timing).
+        clock: Reads seconds (default ``time.perf_counter``; see
+            :func:`~imitation_accum.planning.cpu_load.call_clock`).
 
     Returns:
-        Elapsed wall-clock seconds.
+        Elapsed seconds on ``clock``.
     """
+    clock = clock or time.perf_counter
     observability.synchronize(device)
-    start = time.perf_counter()
+    start = clock()
     outputs = run()
     wanted = [p for p in params if p.requires_grad]
     th.autograd.grad(outputs.sum(), wanted, allow_unused=True)
     observability.synchronize(device)
-    return time.perf_counter() - start
+    return clock() - start

@@ -5,14 +5,15 @@ of several threads waits for cores it does not get: a small reward-net call
 that takes 0.2 ms on one thread can take 30 ms on two. :func:`oversubscribed`
 reads the kernel's count of runnable threads, and :func:`intra_op_threads`
 sets torch's intra-op thread count for a block and restores it after, so
-that the forward-size tuner can time calls both ways and keep the faster.
+that the forward-size tuner can time calls both ways and keep the faster;
+:func:`call_clock` is the clock those timings read.
 """
 
 import contextlib
 import os
 import statistics
 import time
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch as th
 
@@ -65,6 +66,27 @@ def oversubscribed(threads: Optional[int] = None) -> bool:
         return False
     others = max(0, runnable - 1)  # the thread reading the count is ours
     return others + threads > cpu_count()
+
+
+def call_clock(busy: bool) -> Callable[[], float]:
+    """The clock to time reward-net calls with: CPU time where preemption is noise.
+
+    On an oversubscribed CPU (``busy``) with one intra-op thread, the calls and
+    their backward run on this thread alone, so its CPU time is what they cost,
+    without the slices the other jobs' threads hold the core: short timings on
+    the wall clock vary severalfold with where those slices fall. Otherwise the
+    wall clock: a team of several threads also waits for cores, which only the
+    wall clock sees.
+
+    Args:
+        busy: Whether the CPU was found oversubscribed.
+
+    Returns:
+        ``time.thread_time`` or ``time.perf_counter``.
+    """
+    if busy and th.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
 
 
 @contextlib.contextmanager

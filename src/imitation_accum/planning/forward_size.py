@@ -14,6 +14,7 @@ import statistics
 import time
 from typing import (
     Any,
+    Callable,
     Dict,
     Hashable,
     List,
@@ -111,6 +112,11 @@ class ForwardSizeTuner:
     Sizes 1, 2, 4, ... up to ``max_size`` are scanned in turn, each timed once;
     the scan stops once two sizes in a row are ``stop_ratio`` times slower per
     transition than the best (past the optimum: one slow timing is not enough).
+    While a call costs about the same whatever its size (at most
+    ``FIXED_COST_GROWTH`` times the previous size's call: fixed costs dominate,
+    as in an MLP), the scan skips every other size; the skipped sizes next to
+    the best are timed after the scan. A scan that improved at every size up
+    to ``max_size`` is decided: larger calls were faster each time.
     The best sizes and their neighbours are then re-timed, interleaved, in
     alternating order, until each has ``repeats`` timings; their medians decide.
     A timing ``pathological_ratio`` times slower (or faster) per transition than
@@ -158,6 +164,7 @@ class ForwardSizeTuner:
         budget_transitions: Optional[int] = None,
         thread_options: Sequence[Optional[int]] = (None,),
         oversubscribed: bool = False,
+        warm_up: Optional[Callable[[], object]] = None,
     ) -> int:
         """Returns the size with the least time per transition.
 
@@ -176,13 +183,15 @@ class ForwardSizeTuner:
             thread_options: Intra-op thread counts to time each size with
                 (``None``: as set), the first timed first and preferred in ties.
             oversubscribed: Recorded in the result (why threads were tried).
+            warm_up: Runs the first calls, not counted (default: a timing of
+                calls of one transition).
 
         Returns:
             The chosen number of transitions per call.
         """
         begin = time.perf_counter()
         search = TuningSearch(self, time_per_transition, list(thread_options))
-        sizes = _doubling_sizes(max_size)
+        grid = _doubling_sizes(max_size)
 
         def budget() -> Optional[float]:
             if budget_transitions is None or not search.usable():
@@ -194,9 +203,14 @@ class ForwardSizeTuner:
             return limit is not None and time.perf_counter() - begin > share * limit
 
         with cpu_load.intra_op_threads(search.thread_options[0]):
-            time_per_transition(1)  # warm-up (first calls, allocator): not counted
+            if warm_up is None:
+                time_per_transition(1)  # first calls, allocator: not counted
+            else:
+                warm_up()
         slower_in_a_row = {threads: 0 for threads in search.thread_options}
-        for size in sizes:
+        index, previous = 0, None
+        while index < len(grid):
+            size = grid[index]
             scanning = [t for t, n in slower_in_a_row.items() if n < 2]
             for threads in scanning:  # thread options interleaved, size by size
                 try:
@@ -230,9 +244,21 @@ class ForwardSizeTuner:
                     search.measure((size, threads))
                 if not search.improving(size, scanning):
                     break
-        # Interleaved re-timing: the contenders until each has `repeats`; the
-        # rest while the budget lasts.
-        for round_index in range(1, self.repeats):
+            fixed = previous is not None and all(
+                search.fixed_cost(previous, size, t) for t in scanning
+            )
+            previous = size
+            index += 2 if fixed else 1
+            if fixed and index >= len(grid) > index - 1:
+                index = len(grid) - 1  # the largest size is always timed
+        # A scan that improved at every size up to the largest is decided: it
+        # ends there whatever more timings say. Otherwise the sizes it skipped
+        # next to the best are timed, then the interleaved re-timing: the
+        # contenders until each has `repeats`; the rest while the budget lasts.
+        decided = search.improved_throughout(max_size)
+        if not decided:
+            search.fill_gaps(grid)
+        for round_index in range(1, 1 if decided else self.repeats):
             order = search.contenders()
             if not spent():
                 order = sorted(

@@ -180,33 +180,33 @@ class Planner:
         if tuned:
             return self.forward_sizes.size(workload.key, limit, lambda size: 0.0)
         thread_options: List[Optional[int]] = [None]
-        busy = False
-        if workload.device.type == "cpu" and th.get_num_threads() > 1:
-            busy = cpu_load.oversubscribed()
-            if busy:  # one thread first: a team may wait for taken cores
-                thread_options.insert(0, 1)
+        busy = workload.device.type == "cpu" and cpu_load.oversubscribed()
+        if busy and th.get_num_threads() > 1:
+            thread_options.insert(0, 1)  # first: a team may wait for taken cores
         epoch = getattr(workload, "epoch_transitions", None)
-        measured = measurement_transitions(epoch)
+        timing = functools.partial(
+            self._time_per_transition, workload, limit=limit, busy=busy
+        )
         begin = time.perf_counter()
         size = self.forward_sizes.size(
             workload.key,
             limit,
-            functools.partial(
-                self._time_per_transition, workload, limit=limit, transitions=measured
-            ),
+            functools.partial(timing, transitions=measurement_transitions(epoch)),
             budget_transitions=(
                 None if epoch is None else int(TUNING_BUDGET_EPOCHS * epoch)
             ),
             thread_options=thread_options,
             oversubscribed=busy,
+            # Two calls of one transition: the first calls' costs, not a timing.
+            warm_up=functools.partial(timing, 1, transitions=2),
         )
         self.tuning_seconds += time.perf_counter() - begin
         result = self.forward_sizes.results.get(workload.key)
-        self.log(
-            result.describe()
-            if result is not None
-            else f"forward_size: {size} transitions per reward-net call"
-        )
+        if result is None:
+            self.log(f"forward_size: {size} transitions per reward-net call")
+            return size
+        clock = " in CPU time at one thread" if busy else ""
+        self.log(f"{result.describe()}{clock}")
         return size
 
     def threads(self, workload: Optional[Workload]) -> Optional[int]:
@@ -484,6 +484,8 @@ class Planner:
                 return False, "tuning budget spent"
             begin = time.perf_counter()
             call, available = workload.sample(timed)
+            result = self.forward_sizes.results.get(workload.key)
+            busy = result is not None and result.oversubscribed
             with (
                 workload.measuring(),
                 cpu_load.intra_op_threads(self.threads(workload)),
@@ -495,6 +497,7 @@ class Planner:
                     list(workload.params),
                     workload.device,
                     clear_ratio=1.0,  # two passes no faster at all: one pass
+                    clock=cpu_load.call_clock(busy),
                 )
             self.tuning_seconds += time.perf_counter() - begin
             # Two passes do a forward more: only a clear gain is worth it.
@@ -540,6 +543,7 @@ class Planner:
         limit: int,
         transitions: int = TUNING_TRANSITIONS,
         ceiling: Optional[float] = None,
+        busy: bool = False,
     ) -> float:
         """Seconds per transition of calls of ``size``, as a one-pass chunk runs.
 
@@ -547,8 +551,11 @@ class Planner:
         :data:`MAX_CALLS_PER_TIMING` at most), their graphs kept, then one
         backward. With a ``ceiling`` (seconds per
         transition), the calls stop once they are slower than it, and the time
-        per transition of those run so far is returned.
+        per transition of those run so far is returned. On a ``busy`` CPU with
+        one intra-op thread, seconds of this thread's CPU time
+        (:func:`~imitation_accum.planning.cpu_load.call_clock`).
         """
+        clock = cpu_load.call_clock(busy)
         # Small calls cost most per transition: a timing of them need not be
         # as long to be as steady.
         calls = min(transitions, MAX_CALLS_PER_TIMING * size)
@@ -559,13 +566,11 @@ class Planner:
 
         def run() -> th.Tensor:
             nonlocal done
-            outputs, begin = [], time.perf_counter()
+            outputs, begin = [], clock()
             for start in range(0, total, size):
                 done = min(start + size, total)
                 outputs.append(call(start, done))
-                if ceiling is not None and (time.perf_counter() - begin) > (
-                    ceiling * done
-                ):
+                if ceiling is not None and (clock() - begin) > ceiling * done:
                     break
             return th.cat(outputs)
 
@@ -574,6 +579,7 @@ class Planner:
                 run,
                 list(workload.params),
                 workload.device,
+                clock=clock,
             )
         return seconds / done
 

@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 
 #: A thread count this much slower than another at the same size is dropped.
 OUTRUN_RATIO = 2.0
+#: A call at most this much longer than one of a smaller size (twice or four
+#: times smaller) costs about the same: fixed costs dominate it, and the scan
+#: may skip a size.
+FIXED_COST_GROWTH = 1.25
 
 #: ``time_per_transition(size)`` or ``time_per_transition(size, ceiling=...)``:
 #: seconds per transition of calls of ``size`` (see :meth:`ForwardSizeTuner.tune`).
@@ -94,6 +98,60 @@ class TuningSearch:
         smaller = [c for c in self.usable() if c[1] == threads and c[0] < size]
         return min((self.median(c) for c in smaller), default=float("inf"))
 
+    def fixed_cost(self, smaller: int, larger: int, threads: Optional[int]) -> bool:
+        """Whether fixed costs dominate calls of ``smaller`` to ``larger``.
+
+        True when a call of ``larger`` takes at most ``FIXED_COST_GROWTH`` times
+        one of ``smaller`` (with ``threads``; false where either is not usable).
+        """
+        first, second = (smaller, threads), (larger, threads)
+        usable = set(self.usable()) - self.outran
+        if first not in usable or second not in usable:
+            return False
+        growth = (self.median(second) * larger) / (self.median(first) * smaller)
+        return growth <= FIXED_COST_GROWTH
+
+    def fill_gaps(self, grid: Sequence[int]) -> None:
+        """Times the sizes of ``grid`` next to each thread count's best, if skipped.
+
+        Only sizes between two timed ones (the scan skipped them, it did not
+        end before them); thread counts outrun by another are left alone.
+        Repeated while a size so timed becomes the best (at most once per size
+        of ``grid``).
+        """
+        for _ in grid:
+            added = False
+            for threads in self.thread_options:
+                mine = [c for c in self.usable() if c[1] == threads]
+                if not mine or any(c in self.outran for c in mine):
+                    continue
+                largest = max(c[0] for c in mine)
+                index = grid.index(min(mine, key=self.median)[0])
+                for neighbour in grid[max(0, index - 1) : index + 2]:
+                    if neighbour < largest and (neighbour, threads) not in self.timings:
+                        self.measure((neighbour, threads))
+                        self.recheck_if_implausible((neighbour, threads))
+                        added = True
+            if not added:
+                return
+
+    def improved_throughout(self, max_size: int) -> bool:
+        """Whether larger calls were faster at every size timed, up to the last.
+
+        True when the best is at ``max_size`` and every size of its thread count
+        beat the next smaller one by more than ``tolerance``.
+        """
+        if not self.usable():
+            return False
+        best = min(self.usable(), key=self.median)
+        if best[0] != max_size:
+            return False
+        series = sorted(c for c in self.usable() if c[1] == best[1])
+        return all(
+            self.median(larger) * self.tuner.tolerance < self.median(smaller)
+            for smaller, larger in itertools.pairwise(series)
+        )
+
     def near_best(self) -> List[Candidate]:
         """Candidates within ``stop_ratio`` of the best, and their neighbours."""
         best = self.best()
@@ -144,9 +202,15 @@ class TuningSearch:
                 self.measure(candidate)
 
     def recheck_neighbours(self) -> None:
-        """Sets aside sizes that stay implausibly slow against a neighbour."""
+        """Sets aside sizes that stay implausibly slow against a neighbour.
+
+        Candidates outrun by another thread count are dropped already: not
+        re-timed (on a busy CPU one timing of them can take a second).
+        """
         for threads in self.thread_options:
-            same = sorted(c for c in self.timings if c[1] == threads)
+            same = sorted(
+                c for c in self.timings if c[1] == threads and c not in self.outran
+            )
             for smaller, larger in itertools.pairwise(same):
                 if not self.implausible(smaller, larger):
                     continue
