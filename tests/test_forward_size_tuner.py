@@ -160,7 +160,7 @@ def test_thread_counts_are_timed_and_the_faster_kept():
     )
 
 
-def test_a_timing_stops_at_its_ceiling():
+def test_a_timing_stops_at_its_ceiling(monkeypatch):
     # A workload whose calls take 10 ms each: with a ceiling of 1 ms per
     # transition the first call already exceeds it, so one call is timed.
     class Slow:
@@ -197,6 +197,15 @@ def test_a_timing_stops_at_its_ceiling():
         workload, 2, limit=64, transitions=32, ceiling=1e-3
     )
     assert workload.calls == [(0, 2)]
+    assert per_transition >= 0.01 / 2
+    # Calls that long: the timing ends once its forward calls passed
+    # TIMING_FORWARD_SECONDS (set to 25 ms here): after three calls, not eight.
+    import imitation_accum.planning.planner as planner_module
+
+    workload.calls.clear()
+    monkeypatch.setattr(planner_module, "TIMING_FORWARD_SECONDS", 0.025)
+    per_transition = planner._time_per_transition(workload, 2, limit=64, transitions=32)
+    assert workload.calls == [(0, 2), (2, 4), (4, 6)]
     assert per_transition >= 0.01 / 2
 
 
@@ -269,7 +278,8 @@ def test_steps_alternate_thread_counts_then_keep_the_faster():
         size=8,
         at_limit=False,
         threads=None,
-        timings={(8, 2): [1.0], (8, 1): [1.2]},  # calls alike: steps decide
+        # Calls alike, far shorter than the steps: the steps decide.
+        timings={(8, 2): [0.01], (8, 1): [0.012]},
         excluded={},
         seconds=0.0,
         budget_seconds=None,
@@ -369,7 +379,8 @@ def test_busy_one_thread_calls_are_timed_in_cpu_time():
         wall = planner._time_per_transition(workload, 2, limit=8, transitions=8)
         assert cpu_load.call_clock(True) is time.thread_time
     assert wall >= 0.02 / 2  # the wall clock counts the time off the core
-    assert busy < wall / 10
+    assert busy.seconds < wall / 10
+    assert busy.wall_seconds >= 0.02 / 2  # returned with the same calls' wall time
     with cpu_load.intra_op_threads(2):  # a team also waits: only wall time sees it
         assert cpu_load.call_clock(True) is time.perf_counter
     assert cpu_load.call_clock(False) is time.perf_counter
@@ -390,3 +401,146 @@ def test_a_thread_count_outrun_is_not_re_timed():
     assert (2, 2) in tuner.last_result.timings
     # Implausibly far from size 1 at two threads, but outrun: not re-timed.
     assert counts[2, 2] == 1 and not tuner.last_result.excluded
+
+
+def one_thread_cpu_seconds(size):
+    """A CNN-like call: one thread's CPU seconds per transition."""
+    return (2e-3 + 1e-3 * size) / size
+
+
+def busy_timing(ceilings, with_wall_clock=True):
+    """One thread in CPU time getting half its core; two threads on the wall clock.
+
+    Two threads take 1.6x one thread's CPU time per transition on the wall
+    clock: more than one thread's CPU time, less than its 2x wall-clock time.
+    """
+
+    def timing(size, ceiling=None):
+        threads = th.get_num_threads()
+        ceilings.append((size, threads, ceiling))
+        cpu = one_thread_cpu_seconds(size)
+        if threads > 1:
+            return 1.6 * cpu
+        if not with_wall_clock:
+            return cpu
+        return tuning_search.ClockedTiming(cpu, 2.0 * cpu)
+
+    return timing
+
+
+def test_thread_counts_are_compared_on_the_wall_clock():
+    """One thread timed in CPU time, two on the wall clock: two are faster."""
+    ceilings = []
+    tuner = planning.ForwardSizeTuner()
+    tuner.tune(busy_timing(ceilings), 64, thread_options=(1, 2), oversubscribed=True)
+    result = tuner.last_result
+    assert result.threads == 2
+    assert result.wall_factors == {1: pytest.approx(2.0)}
+    assert result.median((64, 1)) == pytest.approx(2.0 * one_thread_cpu_seconds(64))
+    assert result.median((64, 2)) == pytest.approx(1.6 * one_thread_cpu_seconds(64))
+    assert "1 thread(s) timed in CPU time, scaled by 2" in result.describe()
+    # The same timings without their wall-clock seconds: one thread's CPU time
+    # against two threads' wall-clock time, and one thread would be kept.
+    tuner.tune(
+        busy_timing([], with_wall_clock=False),
+        64,
+        thread_options=(1, 2),
+        oversubscribed=True,
+    )
+    assert tuner.last_result.threads == 1 and not tuner.last_result.wall_factors
+
+
+def test_a_ceiling_is_given_on_the_timings_clock():
+    """Two threads first: one thread's ceiling is in CPU time, wall time / factor."""
+    ceilings = []
+    tuner = planning.ForwardSizeTuner()
+    tuner.tune(busy_timing(ceilings), 64, thread_options=(2, 1), oversubscribed=True)
+    result = tuner.last_result
+    size = 2  # timed in the scan once the wall factor is known (from size 1)
+    scan = [c for c in ceilings if c[0] == size]
+    assert scan[0][1:] == (2, None) and scan[1][1] == 1
+    wall_ceiling = tuning_search.OUTRUN_RATIO * result.timings[(size, 2)][0]
+    assert scan[1][2] == pytest.approx(wall_ceiling / 2.0)
+
+
+def test_a_thread_count_far_behind_is_not_re_timed():
+    """Two threads 1.5x slower at every size: scanned, but only one is re-timed."""
+    counts = {}
+
+    def timing(size, ceiling=None):
+        threads = th.get_num_threads()
+        counts[size, threads] = counts.get((size, threads), 0) + 1
+        cpu = (2e-3 + 1e-3 * size + 1e-4 * size**2) / size  # best at 4
+        return cpu if threads == 1 else 1.5 * cpu
+
+    tuner = planning.ForwardSizeTuner()
+    assert tuner.tune(timing, 16, thread_options=(1, 2), oversubscribed=True) == 4
+    result = tuner.last_result
+    assert result.threads == 1
+    assert counts[4, 1] == tuner.repeats
+    two = {size: n for (size, threads), n in counts.items() if threads == 2}
+    assert len(two) >= 2 and set(two.values()) == {1}, two
+
+
+def test_a_thread_count_whose_calls_outlast_a_step_is_not_tried():
+    """Steps of 2 s per transition with two threads; one thread's calls take 3 s."""
+    planner = planning.Planner(minibatch_size=None, two_pass=False)
+    messages = []
+    planner.log = messages.append
+    key = ("test-cannot-win",)
+
+    class Workload:
+        pass
+
+    workload = Workload()
+    workload.key = key
+    planner.forward_sizes.found[key] = (8, False)
+    planner.forward_sizes.results[key] = forward_size.TuningResult(
+        size=8,
+        at_limit=False,
+        threads=2,
+        timings={(8, 2): [1.8], (8, 1): [1.5]},  # one thread's in CPU time
+        excluded={},
+        seconds=0.0,
+        budget_seconds=None,
+        oversubscribed=True,
+        thread_options=(1, 2),
+        wall_factors={1: 2.0},
+    )
+    seen = []
+
+    def step(plan):
+        seen.append(th.get_num_threads())
+        return plan
+
+    import imitation_accum.planning.planner as planner_module
+
+    clock = Clock()
+    original = planner_module.time.perf_counter
+
+    def fake_clock():
+        clock.now += 10.0  # 20 s a step: 2 s per transition over 10
+        return clock.now
+
+    planner_module.time.perf_counter = fake_clock
+    try:
+        for _ in range(3):
+            planner.run(np.array([5, 5]), step, workload, device=th.device("cpu"))
+    finally:
+        planner_module.time.perf_counter = original
+    assert seen == [2, 2, 2]
+    assert planner.forward_sizes.threads(key) == 2
+    decided = [m for m in messages if m.startswith("intra-op threads: 2")]
+    assert len(decided) == 1 and "1 thread(s) not tried" in decided[0], messages
+
+
+def test_a_thread_count_that_improves_is_scanned_past_a_faster_one():
+    """Two threads slower at small calls (a team waiting), faster at large ones."""
+    two_threads = {1: 1.8e-3, 2: 1.4e-3, 4: 0.9e-3, 8: 0.8e-3, 16: 0.85e-3}
+
+    def timing(size, ceiling=None):
+        return 1e-3 if th.get_num_threads() == 1 else two_threads[size]
+
+    tuner = planning.ForwardSizeTuner()
+    assert tuner.tune(timing, 16, thread_options=(1, 2), oversubscribed=True) == 8
+    assert tuner.last_result.threads == 2

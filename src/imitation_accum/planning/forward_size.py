@@ -63,10 +63,14 @@ class TuningResult:
     """Whether the CPU's cores were found taken by other threads."""
     thread_options: Tuple[Optional[int], ...] = (None,)
     """The intra-op thread counts timed."""
+    wall_factors: Dict[Optional[int], float] = dataclasses.field(default_factory=dict)
+    """Thread counts timed on another clock (the thread's CPU time) -> wall-clock
+    seconds per second of it, the median over their timings."""
 
     def median(self, candidate: Candidate) -> float:
-        """The median seconds per transition of ``candidate``."""
-        return statistics.median(self.timings[candidate])
+        """The median of ``candidate``'s timings, wall-clock seconds per transition."""
+        raw = statistics.median(self.timings[candidate])
+        return raw * self.wall_factors.get(candidate[1], 1.0)
 
     def chosen_seconds(self) -> float:
         """The chosen size's median seconds per transition.
@@ -101,6 +105,12 @@ class TuningResult:
         )
         if self.oversubscribed:
             text += "; CPU oversubscribed"
+        for threads, factor in self.wall_factors.items():
+            count = "as set" if threads is None else threads
+            text += (
+                f"; calls at {count} thread(s) timed in CPU time, scaled by "
+                f"{factor:.3g} (their median ratio of wall-clock to CPU time)"
+            )
         for candidate, why in self.excluded.items():
             text += f"; {name(candidate)} set aside: {why}"
         return text + ")"
@@ -111,7 +121,8 @@ class ForwardSizeTuner:
 
     Sizes 1, 2, 4, ... up to ``max_size`` are scanned in turn, each timed once;
     the scan stops once two sizes in a row are ``stop_ratio`` times slower per
-    transition than the best (past the optimum: one slow timing is not enough).
+    transition than the best and no faster than the smaller sizes (past the
+    optimum: one slow timing is not enough).
     While a call costs about the same whatever its size (at most
     ``FIXED_COST_GROWTH`` times the previous size's call: fixed costs dominate,
     as in an MLP), the scan skips every other size; the skipped sizes next to
@@ -175,7 +186,9 @@ class ForwardSizeTuner:
                 number of transitions and returns the seconds per transition.
                 With several ``thread_options`` it is also given ``ceiling=``, a
                 time per transition past which it may stop early and return
-                what it measured so far.
+                what it measured so far. A timing on another clock than the
+                wall clock returns a ``tuning_search.ClockedTiming`` (its
+                ``ceiling`` is then on that clock too).
             max_size: Largest size to try.
             budget_transitions: The search may take as long as this many
                 transitions take at the best size found (one epoch's worth),
@@ -227,7 +240,12 @@ class ForwardSizeTuner:
                     search.outran.add((size, threads))
                     continue
                 search.recheck_if_implausible((size, threads))
-                if search.median((size, threads)) > self.stop_ratio * search.best():
+                # Past the optimum: slower than the best, and no better than
+                # this count's smaller sizes (a count that still improves may
+                # pass another at larger sizes: a team of threads on a busy CPU).
+                median = search.median((size, threads))
+                behind = median > self.stop_ratio * search.best()
+                if behind and not search.improving(size, [threads]):
                     slower_in_a_row[threads] += 1
                 else:
                     slower_in_a_row[threads] = 0
@@ -281,6 +299,7 @@ class ForwardSizeTuner:
             budget_seconds=budget(),
             oversubscribed=oversubscribed,
             thread_options=tuple(search.thread_options),
+            wall_factors=search.wall_factors(),
         )
         return size
 

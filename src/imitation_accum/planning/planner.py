@@ -48,23 +48,24 @@ from imitation_accum.planning.forward_size import (
     TuningResult,
 )
 from imitation_accum.planning.plan import StepPlan, as_sides, pair_chunks
+from imitation_accum.planning.thread_trial import ThreadTrial
+from imitation_accum.planning.tuning_search import ClockedTiming
 
 #: Two passes are chosen for speed only if they take under this share of one pass.
 TWO_PASS_MARGIN = 0.9
 #: Tuning (forward size, then one pass against two) may take about this many
 #: epochs' worth of reward-net work.
 TUNING_BUDGET_EPOCHS = 1.0
-#: Steps run with each intra-op thread count when the CPU is oversubscribed
-#: (real steps, alternated; the median decides).
-THREAD_TRIAL_STEPS = 3
-#: A thread count whose step is this much slower than the other's loses at once.
-THREAD_TRIAL_CLEAR = 2.0
 #: Forward-size timings that fit in one epoch's work, and the most transitions
 #: one of them runs (see :func:`measurement_transitions`).
 MEASUREMENTS_PER_EPOCH = 32
 MAX_MEASUREMENT_TRANSITIONS = 256
 #: Calls one timing runs at most (at least two).
 MAX_CALLS_PER_TIMING = 8
+#: A timing stops after the call that brings its forward calls past this many
+#: seconds, even at one call: calls that long time steadily one by one, and a
+#: heavy net's timings (Atari frames on a busy CPU) would take seconds each.
+TIMING_FORWARD_SECONDS = 0.1
 #: Work of timing one pass and two passes, ``REPEATS`` times each, in units of
 #: one pass (two passes run a forward more).
 PASS_TIMING_PASSES = REPEATS * 2.5
@@ -147,10 +148,9 @@ class Planner:
         # (chunk transitions, forward size) -> (two-pass?, t_one, t_two)
         self.timings: Dict[Tuple[int, int], Tuple[bool, float, float]] = {}
         self.tuning_seconds = 0.0
-        # intra-op threads -> seconds of the steps run with them, while deciding
-        self.step_seconds: Dict[Optional[int], List[float]] = {}
-        self.threads_decided = False
         """Wall-clock seconds spent timing calls (forward size, passes)."""
+        self.thread_trial = ThreadTrial(log=lambda message: self.log(message))
+        """On a busy CPU, which intra-op thread count the steps run with."""
 
     @property
     def chunk_cap(self) -> Optional[int]:
@@ -205,8 +205,7 @@ class Planner:
         if result is None:
             self.log(f"forward_size: {size} transitions per reward-net call")
             return size
-        clock = " in CPU time at one thread" if busy else ""
-        self.log(f"{result.describe()}{clock}")
+        self.log(result.describe())
         return size
 
     def threads(self, workload: Optional[Workload]) -> Optional[int]:
@@ -215,76 +214,12 @@ class Planner:
             return None
         return self.forward_sizes.threads(workload.key)
 
-    def _step_threads(self, workload: Optional[Workload]) -> Optional[int]:
-        """Intra-op threads for the next step: a trial's next option, or the choice.
-
-        On an oversubscribed CPU the tuner timed the net's calls with each
-        thread count, but a step also runs many small operations, whose thread
-        teams wait for cores as well: the first steps alternate the counts
-        (the tuner's choice first) and the faster in the median of
-        :data:`THREAD_TRIAL_STEPS` steps each is kept, or at once when one
-        step is :data:`THREAD_TRIAL_CLEAR` times slower than the other's.
-        """
-        trial = self._thread_trial(workload)
-        if trial is None:
-            return self.threads(workload)
-        options = sorted(self._trial_options(trial), key=lambda t: t != trial.threads)
-        counts = {t: len(self.step_seconds.get(t, [])) for t in options}
-        return min(options, key=lambda t: counts[t])
-
     def _thread_trial(self, workload: Optional[Workload]) -> Optional[TuningResult]:
         """The tuning whose thread count is still being tried on steps, if any."""
-        if workload is None or self.forward_size != "auto" or self.threads_decided:
+        if workload is None or self.forward_size != "auto":
             return None
         result = self.forward_sizes.results.get(workload.key)
-        if result is None or len(self._trial_options(result)) < 2:
-            return None
-        return result
-
-    @staticmethod
-    def _trial_options(result: TuningResult) -> List[Optional[int]]:
-        """Thread counts worth trying on steps: calls within 2x of the best."""
-        best: Dict[Optional[int], float] = {}
-        for (_, threads), _times in result.timings.items():
-            if (_, threads) in result.excluded:
-                continue
-            median = result.median((_, threads))
-            best[threads] = min(best.get(threads, median), median)
-        fastest = min(best.values(), default=0.0)
-        return [
-            t
-            for t in result.thread_options
-            if t in best and best[t] <= THREAD_TRIAL_CLEAR * fastest
-        ]
-
-    def _record_step(
-        self,
-        workload: Optional[Workload],
-        threads: Optional[int],
-        seconds: float,
-    ) -> None:
-        trial = self._thread_trial(workload)
-        if trial is None:
-            return
-        self.step_seconds.setdefault(threads, []).append(seconds)
-        times = [self.step_seconds.get(t, []) for t in self._trial_options(trial)]
-        if not all(times):
-            return
-        medians = {t: float(np.median(s)) for t, s in self.step_seconds.items()}
-        clear = max(medians.values()) > THREAD_TRIAL_CLEAR * min(medians.values())
-        if not clear and min(len(s) for s in times) < THREAD_TRIAL_STEPS:
-            return
-        self.threads_decided = True
-        trial.threads = min(medians, key=lambda t: medians[t])
-        parts = ", ".join(
-            f"{th.get_num_threads() if t is None else t} thread(s): "
-            f"{m * 1e3:.3g} ms (x{len(self.step_seconds[t])})"
-            for t, m in medians.items()
-        )
-        self.log(
-            f"intra-op threads: {trial.threads or th.get_num_threads()} (CPU "
-            f"oversubscribed; median step time: {parts})",
-        )
+        return result if self.thread_trial.pending(result) else None
 
     def plan(
         self,
@@ -400,11 +335,19 @@ class Planner:
         while True:
             plan = plan_of(item_transitions, workload)
             try:
-                threads = self._step_threads(workload)
+                trial = self._thread_trial(workload)
+                threads = (
+                    self.threads(workload)
+                    if trial is None
+                    else self.thread_trial.next_threads(trial)
+                )
                 with cpu_load.intra_op_threads(threads):
                     begin = time.perf_counter()
                     result = step(plan)
-                self._record_step(workload, threads, time.perf_counter() - begin)
+                if trial is not None:
+                    seconds = time.perf_counter() - begin
+                    transitions = sum(plan.chunk_transitions)
+                    self.thread_trial.record(trial, threads, seconds, transitions)
                 return plan, result
             except th.OutOfMemoryError as error:
                 cap = self.back_off(plan, error)
@@ -544,16 +487,18 @@ class Planner:
         transitions: int = TUNING_TRANSITIONS,
         ceiling: Optional[float] = None,
         busy: bool = False,
-    ) -> float:
+    ) -> Union[float, ClockedTiming]:
         """Seconds per transition of calls of ``size``, as a one-pass chunk runs.
 
         Calls of ``size`` over ``transitions`` transitions (two calls at least,
-        :data:`MAX_CALLS_PER_TIMING` at most), their graphs kept, then one
-        backward. With a ``ceiling`` (seconds per
-        transition), the calls stop once they are slower than it, and the time
-        per transition of those run so far is returned. On a ``busy`` CPU with
+        :data:`MAX_CALLS_PER_TIMING` at most; fewer once the calls took
+        :data:`TIMING_FORWARD_SECONDS`), their graphs kept, then one backward.
+        With a ``ceiling`` (seconds per transition), the calls stop once they
+        are slower than it, and the time per transition of those run so far is
+        returned. On a ``busy`` CPU with
         one intra-op thread, seconds of this thread's CPU time
-        (:func:`~imitation_accum.planning.cpu_load.call_clock`).
+        (:func:`~imitation_accum.planning.cpu_load.call_clock`; the ceiling too),
+        returned with the wall-clock seconds of the same calls.
         """
         clock = cpu_load.call_clock(busy)
         # Small calls cost most per transition: a timing of them need not be
@@ -570,18 +515,25 @@ class Planner:
             for start in range(0, total, size):
                 done = min(start + size, total)
                 outputs.append(call(start, done))
-                if ceiling is not None and (clock() - begin) > ceiling * done:
+                elapsed = clock() - begin
+                if elapsed > TIMING_FORWARD_SECONDS or (
+                    ceiling is not None and elapsed > ceiling * done
+                ):
                     break
             return th.cat(outputs)
 
         with workload.measuring():
+            wall_begin = time.perf_counter()
             seconds = time_forward_backward(
                 run,
                 list(workload.params),
                 workload.device,
                 clock=clock,
             )
-        return seconds / done
+            wall = time.perf_counter() - wall_begin
+        if clock is time.perf_counter:
+            return seconds / done
+        return ClockedTiming(seconds / done, wall / done)
 
 
 def measurement_transitions(epoch_transitions: Optional[int]) -> int:

@@ -3,11 +3,30 @@
 :class:`TuningSearch` holds the timings of each candidate (a call size and an
 intra-op thread count) and decides what is usable, near the best, outrun by
 another thread count or implausible; :class:`ForwardSizeTuner` drives it.
+
+A timing may come on two clocks (:class:`ClockedTiming`): one-thread calls on a
+busy CPU are timed in the thread's CPU time, steady where the wall clock is not,
+but a thread count's team of several is timed on the wall clock. The search
+compares sizes of one count on its own clock and counts with each other on the
+wall clock: a count's medians are scaled by its median ratio of wall to clock
+time (:meth:`TuningSearch.wall_factor`), which leaves the comparisons of its
+sizes as they were.
 """
 
 import itertools
 import statistics
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Callable,
+    Dict,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
 from imitation_accum.planning import cpu_load
 
@@ -21,9 +40,20 @@ OUTRUN_RATIO = 2.0
 #: may skip a size.
 FIXED_COST_GROWTH = 1.25
 
+
+class ClockedTiming(NamedTuple):
+    """Seconds per transition of one timing, on its clock and on the wall clock."""
+
+    seconds: float
+    """On the timing's clock (the thread's CPU time, for instance)."""
+    wall_seconds: float
+    """On the wall clock, over the same calls."""
+
+
 #: ``time_per_transition(size)`` or ``time_per_transition(size, ceiling=...)``:
-#: seconds per transition of calls of ``size`` (see :meth:`ForwardSizeTuner.tune`).
-TimingFunction = Callable[..., float]
+#: seconds per transition of calls of ``size`` (see :meth:`ForwardSizeTuner.tune`),
+#: on the wall clock or as a :class:`ClockedTiming`.
+TimingFunction = Callable[..., Union[float, ClockedTiming]]
 Candidate = Tuple[int, Optional[int]]
 """``(transitions per call, intra-op threads or None for unchanged)``."""
 
@@ -49,16 +79,37 @@ class TuningSearch:
         self.excluded: Dict[Candidate, str] = {}
         self.outran: Set[Candidate] = set()
         """Candidates far slower than another thread count: not re-timed."""
+        self.wall_ratios: Dict[Optional[int], List[float]] = {}
+        """Thread count -> wall-clock over clock seconds of its clocked timings."""
 
     def measure(self, candidate: Candidate, ceiling: Optional[float] = None) -> None:
         """Times ``candidate`` once; see :meth:`ceiling` for ``ceiling``."""
         size, threads = candidate
         with cpu_load.intra_op_threads(threads):
             if ceiling is None:
-                seconds = self.time_per_transition(size)
+                timing = self.time_per_transition(size)
             else:
-                seconds = self.time_per_transition(size, ceiling=ceiling)
-        self.timings.setdefault(candidate, []).append(seconds)
+                # The ceiling is wall-clock time; the timing reads its clock.
+                own_clock = ceiling / self.wall_factor(threads)
+                timing = self.time_per_transition(size, ceiling=own_clock)
+        if isinstance(timing, ClockedTiming):
+            ratio = timing.wall_seconds / max(timing.seconds, 1e-12)
+            self.wall_ratios.setdefault(threads, []).append(ratio)
+            timing = timing.seconds
+        self.timings.setdefault(candidate, []).append(timing)
+
+    def wall_factor(self, threads: Optional[int]) -> float:
+        """Wall-clock seconds per second of ``threads``' clock (1: the wall clock).
+
+        The median ratio over the count's timings: one timing's share of
+        preemption depends on where the other jobs' slices fell.
+        """
+        ratios = self.wall_ratios.get(threads)
+        return statistics.median(ratios) if ratios else 1.0
+
+    def wall_factors(self) -> Dict[Optional[int], float]:
+        """:meth:`wall_factor` of each thread count timed on another clock."""
+        return {threads: self.wall_factor(threads) for threads in self.wall_ratios}
 
     def ceiling(self, candidate: Candidate) -> Optional[float]:
         """Seconds per transition past which timing ``candidate`` may stop.
@@ -75,8 +126,12 @@ class TuningSearch:
         return OUTRUN_RATIO * min(others) if others else None
 
     def median(self, candidate: Candidate) -> float:
-        """The median of ``candidate``'s timings (seconds per transition)."""
-        return statistics.median(self.timings[candidate])
+        """The median of ``candidate``'s timings, in wall-clock seconds per transition.
+
+        Timings on another clock are scaled by :meth:`wall_factor`.
+        """
+        raw = statistics.median(self.timings[candidate])
+        return raw * self.wall_factor(candidate[1])
 
     def usable(self) -> List[Candidate]:
         """The candidates timed and not set aside."""
@@ -162,12 +217,19 @@ class TuningSearch:
         return sorted(near - self.outran, key=candidate_order)
 
     def contenders(self) -> List[Candidate]:
-        """The best candidate of each thread option and its neighbours."""
+        """The best candidate of each thread option and its neighbours.
+
+        Not of a thread option whose best is ``stop_ratio`` times slower than
+        another's: on a busy CPU each timing of a heavy net can take seconds.
+        """
         chosen = set()
+        fastest = self.best() if self.usable() else 0.0
         for threads in self.thread_options:
             mine = [c for c in self.usable() if c[1] == threads]
-            if mine:
-                best = min(mine, key=self.median)
+            if not mine:
+                continue
+            best = min(mine, key=self.median)
+            if self.median(best) <= self.tuner.stop_ratio * fastest:
                 chosen.update(self.neighbourhood(best))
         return sorted(chosen - self.outran, key=candidate_order)
 
