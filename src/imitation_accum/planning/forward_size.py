@@ -105,11 +105,11 @@ class TuningResult:
         )
         if self.oversubscribed:
             text += "; CPU oversubscribed"
-        for threads, factor in self.wall_factors.items():
-            count = "as set" if threads is None else threads
+        for count, factor in self.wall_factors.items():
             text += (
-                f"; calls at {count} thread(s) timed in CPU time, scaled by "
-                f"{factor:.3g} (their median ratio of wall-clock to CPU time)"
+                f"; calls at {count or 'the set'} thread(s) timed in CPU time, "
+                f"scaled by {factor:.3g} (their median ratio of wall-clock to CPU "
+                "time)"
             )
         for candidate, why in self.excluded.items():
             text += f"; {name(candidate)} set aside: {why}"
