@@ -337,6 +337,9 @@ def test_gpu_check_syntax_and_usage():
     assert done.returncode == 2 and "unknown option" in done.stderr
 
 
+# Minutes on two cores: its benchmark and memory steps are those of
+# test_gpu_bench.py's and test_bench_memory's quick runs, which run by default.
+@pytest.mark.expensive
 def test_gpu_check_quick_on_the_cpu(tmp_path):
     command = [bash(), "experiments/gpu_check.sh", "--quick", "--device", "cpu"]
     output = run([*command, "--out-dir", str(tmp_path)])

@@ -68,10 +68,19 @@ def ex_class(algorithm):
 
 
 # Every game's named config with one algorithm (alternating), Pong's with both.
+# The games' configs differ only in the environment: by default Pong runs (and
+# unwrapped Pong, below); the other games with `-m expensive`.
 GAMES = sorted(atari_configs.GAMES)
 ATARI = [
     *[
-        (name, "imitation_accum", (84, 84, 4), {}, algorithm)
+        pytest.param(
+            name,
+            "imitation_accum",
+            (84, 84, 4),
+            {},
+            algorithm,
+            marks=() if name == "atari_pong" else pytest.mark.expensive,
+        )
         for i, name in enumerate(GAMES)
         for algorithm in (
             ("airl", "gail") if name == "atari_pong" else (("airl", "gail")[i % 2],)

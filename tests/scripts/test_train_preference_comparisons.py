@@ -60,10 +60,18 @@ def test_trainer_arguments_are_config_keys(tmp_path):
 
 # The first reward training runs 200 epochs (imitation's initial_epoch_multiplier):
 # Pong's named config runs as is, the others with a narrower CNN to keep this fast.
+# The games' configs differ only in the environment: by default Pong, Space
+# Invaders and unwrapped Pong run; the other games with `-m expensive`.
 NARROW = {"net_kwargs": {"hid_channels": (4,)}}
+DEFAULT_GAMES = ("atari_pong", "atari_spaceinvaders")
 ATARI = [
     *[
-        (name, (84, 84, 4), {} if name == "atari_pong" else NARROW)
+        pytest.param(
+            name,
+            (84, 84, 4),
+            {} if name == "atari_pong" else NARROW,
+            marks=() if name in DEFAULT_GAMES else pytest.mark.expensive,
+        )
         for name in atari_configs.GAMES
     ],
     ("atari_pong_unwrapped", (210, 160, 3), NARROW),
