@@ -26,6 +26,7 @@ Usage::
     python experiments/bench_reward_trainer.py --memory   # memory against sizes
     python experiments/bench_reward_trainer.py --same-process
     python experiments/bench_reward_trainer.py --quick --out-dir /tmp/bench
+    python experiments/bench_reward_trainer.py --busy --resume run.log  # go on
 
 Tables go to ``--out-dir`` (default ``docs/results/``, the committed ones; with
 ``--quick``, ``output/experiments/``, which git ignores):
@@ -435,6 +436,14 @@ def main() -> None:
         help="also measure every point with a competing PyTorch job (a "
         "matrix-multiply loop on every core, in its own process) running",
     )
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        metavar="LOG",
+        help="the standard output of a run of the same checkout that was cut "
+        "short: its whole repeats are kept, and each configuration goes on from "
+        "the first repeat it lacks",
+    )
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--same-process", action="store_true")
     _results.add_out_dir(parser)
@@ -466,14 +475,16 @@ def main() -> None:
         return
     configs = args.configs or (["mlp"] if args.quick else list(CONFIGS))
     modes = ("quiet", "busy") if args.busy else ("quiet",)
-    runs: dict = {}
+    runs = resumed_points(args.resume, repeats) if args.resume else {}
+    for config in {config for config, _ in runs}:
+        whole_repeats(runs, config, modes)  # an unfinished repeat is redone
     # Fresh processes, interleaved within a configuration: every repeat
     # measures each of its points once (order alternating), so that drifting
     # load reaches them alike. The table is rewritten after every repeat, so
-    # that a run cut short still leaves what it measured.
+    # that a run cut short still leaves what it measured (and --resume goes on).
     for config in configs:
         epochs = 2 if args.quick else (args.epochs or EPOCHS[config])
-        for repeat in range(repeats):
+        for repeat in range(whole_repeats(runs, config, modes), repeats):
             for mode in modes:
                 order = IMPLS
                 if repeat % 2:
@@ -496,6 +507,47 @@ def main() -> None:
                         print(json.dumps({"mode": mode, **run}), flush=True)
             write_tables(runs, args.out_dir, repeats)
     write_tables(runs, args.out_dir, repeats)
+
+
+def resumed_points(log: Path, repeats: int) -> dict:
+    """The points a run cut short printed: ``(config, mode) -> impl -> points``.
+
+    Only whole repeats count (:func:`whole_repeats` trims the rest), at most
+    ``repeats`` of them.
+    """
+    runs: dict = {}
+    for line in log.read_text().splitlines():
+        try:
+            point = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(point, dict) or "mode" not in point:
+            continue
+        mode = point.pop("mode")
+        key = (point["config"], mode)
+        runs.setdefault(key, {}).setdefault(point["impl"], []).append(point)
+    for by_impl in runs.values():
+        for impl, points in by_impl.items():
+            by_impl[impl] = points[:repeats]
+    return runs
+
+
+def whole_repeats(runs: dict, config: str, modes) -> int:
+    """Repeats of ``config`` with every point measured; later points dropped.
+
+    A repeat measures each mode's points in turn, so a run cut short may leave
+    part of one; those points are measured again with the rest of it.
+    """
+    counts = [
+        len(runs.get((config, mode), {}).get(impl, []))
+        for mode in modes
+        for impl in IMPLS
+    ]
+    whole = min(counts)
+    for mode in modes:
+        for points in runs.get((config, mode), {}).values():
+            del points[whole:]
+    return whole
 
 
 def _median(values):
@@ -523,8 +575,9 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
         "peak RSS MiB (imitation / accum / floor / exact floor)",
     )
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for (config, mode), r in runs.items():
-        if not all(impl in r for impl in IMPLS):
+    order = list(CONFIGS)
+    for (config, mode), r in sorted(runs.items(), key=lambda r: order.index(r[0][0])):
+        if not all(r.get(impl) for impl in IMPLS):
             continue  # a repeat cut short before its last point
         i, a, f, e = r["imitation"], r["accum"], r["floor"], r["exact-floor"]
 
@@ -560,7 +613,11 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
             f"/ {_median([x['peak_rss_mib'] for x in f]):.0f} "
             f"/ {_median([x['peak_rss_mib'] for x in e]):.0f} |",
         )
-    done = {f"{config} {mode}: {len(r['accum'])}" for (config, mode), r in runs.items()}
+    done = {
+        f"{config} {mode}: {len(r['accum'])}"
+        for (config, mode), r in runs.items()
+        if r.get("accum")
+    }
     lines += [
         "",
         f"Repeats measured per row ({repeats} asked for): {', '.join(sorted(done))}.",

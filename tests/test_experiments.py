@@ -210,6 +210,45 @@ def test_bench_reward_trainer(tmp_path):
     assert_made_by(text, "bench_reward_trainer.py")
 
 
+def resumed_point(impl, seconds, mode="quiet"):
+    """One point as a run prints it (``mode`` first)."""
+    point = {
+        "mode": mode,
+        "impl": impl,
+        "config": "mlp",
+        "batch_size": 64,
+        "minibatch_size": 16,
+        "seconds_per_epoch": seconds,
+        "peak_rss_mib": 400.0,
+        "load_average": 0.5,
+        "forward_size": 1600,
+    }
+    if impl == "accum":
+        point.update(tuning_seconds=0.1, first_train_seconds=0.2, two_pass=False)
+    return json.dumps(point)
+
+
+def test_bench_reward_trainer_resumes_whole_repeats(tmp_path):
+    # One whole repeat of the quick run's four points, then part of another
+    # (a run cut short): the whole repeat is kept, nothing is measured again.
+    log = tmp_path / "run.log"
+    points = [
+        resumed_point("imitation", 0.5),
+        resumed_point("accum", 0.05),
+        resumed_point("floor", 0.04),
+        resumed_point("exact-floor", 0.045),
+    ]
+    log.write_text("\n".join(["not a point", *points, points[0]]) + "\n")
+    resume = ("--quick", "--resume", str(log))
+    output = run_script("bench_reward_trainer.py", tmp_path, *resume)
+    assert '"impl"' not in output  # no point measured
+    text = read(tmp_path / "bench_reward_trainer.md")
+    rows = table(text, ["config", "batch / minibatch"], min_rows=1)
+    assert [row[0] for row in rows] == ["mlp"]
+    assert rows[0][2:7] == ["0.5", "0.05", "0.04", "0.045", "10.00x"]
+    assert "mlp quiet: 1" in text
+
+
 def test_bench_reward_trainer_memory(tmp_path):
     run_script("bench_reward_trainer.py", tmp_path, "--quick", "--memory")
     text = read(tmp_path / "bench_reward_trainer_memory.md")
