@@ -262,27 +262,28 @@ def test_unreadable_load_is_not_busy(monkeypatch, tmp_path):
     assert not cpu_load.oversubscribed()
 
 
-def test_steps_alternate_thread_counts_then_keep_the_faster():
+def tuned_planner(name, **tuning):
+    """A planner whose workload ``name`` was tuned to size 8 as ``tuning`` says."""
     planner = planning.Planner(minibatch_size=None, two_pass=False)
     messages = []
     planner.log = messages.append
-    key = ("test-threads",)
 
     class Workload:
-        pass
+        key = (name,)
 
-    workload = Workload()
-    workload.key = key
-    planner.forward_sizes.found[key] = (8, False)
-    planner.forward_sizes.results[key] = forward_size.TuningResult(
-        size=8,
-        at_limit=False,
+    planner.forward_sizes.found[Workload.key] = (8, False)
+    planner.forward_sizes.results[Workload.key] = forward_size.TuningResult(
+        size=8, at_limit=False, excluded={}, seconds=0.0, budget_seconds=None, **tuning
+    )
+    return planner, Workload(), Workload.key, messages
+
+
+def test_steps_alternate_thread_counts_then_keep_the_faster():
+    planner, workload, key, messages = tuned_planner(
+        "test-threads",
         threads=None,
         # Calls alike, far shorter than the steps: the steps decide.
         timings={(8, 2): [0.01], (8, 1): [0.012]},
-        excluded={},
-        seconds=0.0,
-        budget_seconds=None,
         oversubscribed=True,
         thread_options=(2, 1),
     )
@@ -484,25 +485,10 @@ def test_a_thread_count_far_behind_is_not_re_timed():
 
 def test_a_thread_count_whose_calls_outlast_a_step_is_not_tried():
     """Steps of 2 s per transition with two threads; one thread's calls take 3 s."""
-    planner = planning.Planner(minibatch_size=None, two_pass=False)
-    messages = []
-    planner.log = messages.append
-    key = ("test-cannot-win",)
-
-    class Workload:
-        pass
-
-    workload = Workload()
-    workload.key = key
-    planner.forward_sizes.found[key] = (8, False)
-    planner.forward_sizes.results[key] = forward_size.TuningResult(
-        size=8,
-        at_limit=False,
+    planner, workload, key, messages = tuned_planner(
+        "test-cannot-win",
         threads=2,
         timings={(8, 2): [1.8], (8, 1): [1.5]},  # one thread's in CPU time
-        excluded={},
-        seconds=0.0,
-        budget_seconds=None,
         oversubscribed=True,
         thread_options=(1, 2),
         wall_factors={1: 2.0},
