@@ -449,6 +449,8 @@ def main() -> None:
     _results.add_out_dir(parser)
     args = parser.parse_args()
     _results.resolve_out_dir(args)
+    if args.resume is not None and not args.resume.is_file():
+        parser.error(f"--resume: {args.resume} is not a file")
     if args.competitor:
         competitor()
         return

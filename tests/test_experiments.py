@@ -247,6 +247,15 @@ def test_bench_reward_trainer_resumes_whole_repeats(tmp_path):
     assert [row[0] for row in rows] == ["mlp"]
     assert rows[0][2:7] == ["0.5", "0.05", "0.04", "0.045", "10.00x"]
     assert "mlp quiet: 1" in text
+    missing = subprocess.run(
+        [sys.executable, "experiments/bench_reward_trainer.py", "--resume", "nope.log"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (
+        missing.returncode == 2 and "--resume: nope.log is not a file" in missing.stderr
+    )
 
 
 def test_bench_reward_trainer_memory(tmp_path):
