@@ -11,7 +11,9 @@ a fresh process and reports:
   ``train()`` call (the probe, the forward-size tuning, the planner's timing and
   every step); the *step peak* the optimizer steps alone (the peak is reset as
   each step starts, against the same baseline);
-- the probe's estimate for the step's largest chunk (``memory_estimate_mib``);
+- the probe's estimate for the step's largest chunk (``memory_estimate_mib``), at
+  the most costly call size the steps ran: with ``forward_size="auto"`` the first
+  step also times calls of other sizes over its chunk;
 - seconds per optimizer step (the median of the steps after the first).
 
 Series:
@@ -54,7 +56,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -67,6 +69,7 @@ from imitation.util import logger as imit_logger
 import _results
 from imitation_accum import CrossEntropyRewardTrainer
 from imitation_accum.planning.budget import parse_budget
+from imitation_accum.planning.probe import ActivationProfile
 from imitation_accum.preference import pair_table
 
 SHAPE = (210, 160, 3)
@@ -139,6 +142,25 @@ class PeakMemory:
         self.observe()
 
 
+def tuned_sizes(trainer: CrossEntropyRewardTrainer) -> List[int]:
+    """Call sizes the forward-size tuning timed (none unless ``"auto"``)."""
+    results = trainer.planner.forward_sizes.results.values()
+    return sorted({size for result in results for size, _ in result.timings})
+
+
+def step_estimate(
+    profile: ActivationProfile, chunk: int, call_sizes: Sequence[int]
+) -> int:
+    """The probe's bytes for ``chunk``, at the most costly of the call sizes run.
+
+    With ``forward_size="auto"`` the first step times calls of several sizes
+    over its chunk before it runs the chosen size, so that step is held to the
+    largest of their estimates (each at most the chunk at calls as large, the
+    bound a ``memory_budget`` is kept with).
+    """
+    return max(profile.chunk_bytes(chunk, min(size, chunk)) for size in call_sizes)
+
+
 def run_point(spec: Dict[str, Any]) -> Dict[str, Any]:
     device = th.device(spec["device"])
     th.manual_seed(0)
@@ -183,12 +205,15 @@ def run_point(spec: Dict[str, Any]) -> Dict[str, Any]:
         profile = trainer._probe(pair_table.read_preferences(dataset))
     largest = int(figures["chunk_transitions"])
     forward_size = int(figures["forward_size"])
+    call_sizes = sorted({forward_size, *tuned_sizes(trainer)})
     whole = 2 * batch * spec["length"]
     return {
         **spec,
         "peak_bytes": max(step_peaks),
+        "step_peaks": step_peaks,
         "train_peak_bytes": train_peak.peak,
-        "estimate_bytes": profile.chunk_bytes(largest, forward_size),
+        "estimate_bytes": step_estimate(profile, largest, call_sizes),
+        "call_sizes": call_sizes,
         "whole_batch_estimate_bytes": profile.chunk_bytes(whole, whole),
         "saved_per_transition": profile.saved_per_transition,
         "chunk_transitions": largest,

@@ -323,6 +323,12 @@ def test_bench_memory(tmp_path):
     assert_made_by(text, "bench_memory.py")
     points = made_by_json(tmp_path / "memory.json", "bench_memory.py")
     assert {"label", "peak_bytes", "estimate_bytes", "step_seconds"} <= set(points[0])
+    # The tuned point's first step also times other call sizes: its estimate
+    # covers them, not the chosen size alone.
+    auto = points[-1]
+    assert auto["forward_size"] in auto["call_sizes"]
+    assert len(auto["call_sizes"]) > 1
+    assert [p["call_sizes"] for p in points[:2]] == [[4], [8]]
     assert_png(tmp_path / "memory.png", "bench_memory.py")
 
 
