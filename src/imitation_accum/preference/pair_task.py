@@ -18,7 +18,6 @@ method: a chunk contributes each of its fragments' discounted partial return,
 with discount weights counted from the fragment's own first transition.
 """
 
-import dataclasses
 from typing import Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -31,10 +30,19 @@ from torch.nn import functional as F  # noqa: N812
 from imitation_accum.engine import staging
 from imitation_accum.engine.task import ChunkLoss
 from imitation_accum.nets import input_preparation
-from imitation_accum.planning.plan import StepPlan
 from imitation_accum.preference import fragments, pair_table
+from imitation_accum.preference.pair_chunks import (
+    PairChunk,
+    StagedSide,
+    TransitionChunk,
+    sub_layout,
+    transition_rows,
+)
+from imitation_accum.preference.pair_loss import (
+    preference_losses,
+    probability_first_preferred,
+)
 
-Pair = pair_table.Pair
 #: A one-pass batch whose converted reward-net inputs take at most this many
 #: bytes is gathered and converted once per step, its chunks' calls slicing it
 #: (small inputs, such as an MLP's: per-call gathering would cost more than
@@ -45,192 +53,6 @@ STAGED_INPUT_BYTES = 4 * 2**20
 STAGED_TABLE_BYTES = 16 * 2**20
 
 Inputs = Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]
-
-
-@dataclasses.dataclass
-class StagedSide:
-    """One side's converted net inputs for a whole batch, and a chunk's offset."""
-
-    inputs: Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]
-    """``(state, action, next_state, done)``, one row per transition."""
-    offset: int
-    """Where the chunk's first transition sits in :attr:`inputs`."""
-
-
-@dataclasses.dataclass
-class PairChunk:
-    """Consecutive fragment pairs of a batch, ready for the reward net."""
-
-    layouts: Tuple[fragments.FragmentLayout, fragments.FragmentLayout]
-    """Fragments ``[a0, a1, ...]`` and ``[b0, b1, ...]``, each laid end to end."""
-    preferences: th.Tensor
-    """Probability that fragment ``a_i`` is preferred, on the net's device."""
-    prefers_first: th.Tensor
-    """Whether ``a_i`` is the preferred one (preference above 0.5)."""
-    discounts: Tuple[Optional[th.Tensor], Optional[th.Tensor]]
-    """Per-transition discount weights of each side (``None`` for a discount of 1)."""
-    staged: Optional[Tuple[StagedSide, StagedSide]] = None
-    """Each side's inputs converted once for the batch (small inputs only)."""
-
-    @property
-    def n_pairs(self) -> int:
-        """Pairs in the chunk."""
-        return len(self.preferences)
-
-
-@dataclasses.dataclass
-class TransitionChunk:
-    """Transitions ``[start, stop)`` of one side of a whole batch (two-pass)."""
-
-    batch: PairChunk
-    """Every pair of the batch (this process's share of it), laid out."""
-    side: int
-    """0: the first fragments, 1: the second."""
-    start: int
-    stop: int
-
-    @property
-    def n_transitions(self) -> int:
-        """Transitions in the chunk."""
-        return self.stop - self.start
-
-
-def _transition_rows(
-    offsets: np.ndarray,
-    items: np.ndarray,
-    lengths: np.ndarray,
-) -> np.ndarray:
-    """Rows of fragments ``items`` (of ``lengths``) in a layout with ``offsets``."""
-    starts = offsets[items]
-    before = np.cumsum(lengths) - lengths
-    return np.arange(int(lengths.sum())) + np.repeat(starts - before, lengths)
-
-
-def _sub_layout(
-    layout: fragments.FragmentLayout,
-    items: slice,
-) -> fragments.FragmentLayout:
-    """Fragments ``items`` of ``layout``, laid out on their own (no copy of data)."""
-    start = int(layout.offsets[items.start])
-    stop = int(layout.offsets[items.stop])
-    lengths = layout.lengths[items]
-    return fragments.FragmentLayout(
-        layout.fragments[items],
-        layout.offsets[items.start : items.stop + 1] - start,
-        layout.dones[start:stop],
-        lengths,
-        layout.uniform_length
-        if layout.uniform_length is not None or not len(lengths)
-        else (int(lengths[0]) if (lengths == lengths[0]).all() else None),
-    )
-
-
-def make_chunks(
-    task: "PreferenceTask",
-    table: pair_table.PreferenceTable,
-    local: np.ndarray,
-    plan: StepPlan,
-) -> List[Union[PairChunk, TransitionChunk]]:
-    """The chunks of pairs ``local`` of ``table`` that ``plan`` lays out.
-
-    Args:
-        task: Lays pairs out for the reward net.
-        table: The dataset.
-        local: The pairs of the batch (this process's share), in order.
-        plan: The planner's plan for them.
-
-    Returns:
-        Chunks of whole pairs (one pass) or of transition ranges (two passes).
-    """
-    if not len(local):
-        return []
-    chunks: List[Union[PairChunk, TransitionChunk]]
-    if plan.two_pass:
-        batch = task.make_chunk(table, local)
-        chunks = [
-            TransitionChunk(batch, side, start, stop)
-            for side, start, stop in plan.transition_chunks
-        ]
-    elif task.stager is None and task.stages(table, local):
-        # Converted once for the batch, already on the device: nothing to stage.
-        return list(task.staged_chunks(table, local, plan.item_chunks))
-    else:
-        chunks = [task.make_chunk(table, local[s]) for s in plan.item_chunks]
-    if task.stager is not None:  # inputs move a chunk ahead (engine.staging)
-        next_obs = task.inputs.reads_next_state
-        task.stager.schedule(chunks, _ranges, task.device, next_obs=next_obs)
-    return chunks
-
-
-def _ranges(chunk: Union[PairChunk, TransitionChunk]) -> staging.Ranges:
-    if isinstance(chunk, TransitionChunk):
-        return [(chunk.batch.layouts[chunk.side], chunk.start, chunk.stop)]
-    return [(layout, 0, layout.n_transitions) for layout in chunk.layouts]
-
-
-def probability_first_preferred(
-    returns_a: th.Tensor,
-    returns_b: th.Tensor,
-    noise_prob: float,
-    threshold: float,
-) -> th.Tensor:
-    """Imitation's ``PreferenceModel.probability``, vectorized over pairs.
-
-    Args:
-        returns_a: Returns of the first fragments.
-        returns_b: Returns of the second fragments.
-        noise_prob: Probability that a preference is uniformly random.
-        threshold: Return differences are clipped to ``[-threshold, threshold]``.
-
-    Returns:
-        Probability that each first fragment is preferred.
-    """
-    returns_diff = th.clamp(returns_b - returns_a, -threshold, threshold)
-    # sigmoid(-d) is imitation's 1 / (1 + exp(d)) in one kernel.
-    model_probability = th.sigmoid(-returns_diff)
-    if noise_prob == 0:
-        return model_probability
-    return noise_prob * 0.5 + (1 - noise_prob) * model_probability
-
-
-def preference_losses(
-    returns_a: th.Tensor,
-    returns_b: th.Tensor,
-    preferences: th.Tensor,
-    noise_prob: float,
-    threshold: float,
-) -> Tuple[th.Tensor, th.Tensor]:
-    """Per-pair cross-entropy of imitation's preference model.
-
-    The binary cross-entropy between ``preferences`` and
-    :func:`probability_first_preferred`. Without noise it is computed from the
-    logit, which is stable where the probability rounds to 0 or 1; with noise the
-    probability stays within ``[noise_prob / 2, 1 - noise_prob / 2]``. Unlike
-    ``F.binary_cross_entropy``, a non-finite return gives a non-finite loss
-    rather than an exception, so the engine can discard the step.
-
-    Args:
-        returns_a: Returns of the first fragments.
-        returns_b: Returns of the second fragments.
-        preferences: Probability that each first fragment is preferred.
-        noise_prob: Probability that a preference is uniformly random.
-        threshold: Return differences are clipped to ``[-threshold, threshold]``.
-
-    Returns:
-        The per-pair losses and the (detached) predicted probabilities.
-    """
-    if noise_prob == 0:
-        # The logit of the first fragment being preferred: -clip(R_b - R_a).
-        logits = th.clamp(returns_a - returns_b, -threshold, threshold)
-        losses = F.binary_cross_entropy_with_logits(
-            logits,
-            preferences,
-            reduction="none",
-        )
-        return losses, th.sigmoid(logits.detach())
-    probs = probability_first_preferred(returns_a, returns_b, noise_prob, threshold)
-    losses = -(preferences * th.log(probs) + (1 - preferences) * th.log1p(-probs))
-    return losses, probs.detach()
 
 
 class PreferenceTask:
@@ -321,7 +143,7 @@ class PreferenceTask:
             ]
         batch = []
         for side, (side_inputs, offsets) in enumerate(staged):
-            rows = _transition_rows(offsets, local, table.lengths[local, side])
+            rows = transition_rows(offsets, local, table.lengths[local, side])
             index = th.as_tensor(rows, device=self.device)
             picked: Dict[int, th.Tensor] = {}  # next_state may be state itself
             for tensor in side_inputs:
@@ -361,7 +183,7 @@ class PreferenceTask:
         inputs = self._batch_inputs(table, local, batch.layouts)
         chunks = []
         for items in item_chunks:
-            layouts = tuple(_sub_layout(layout, items) for layout in batch.layouts)
+            layouts = tuple(sub_layout(layout, items) for layout in batch.layouts)
             bounds = [
                 (int(layout.offsets[items.start]), int(layout.offsets[items.stop]))
                 for layout in batch.layouts

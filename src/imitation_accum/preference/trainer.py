@@ -5,7 +5,7 @@
 ``minibatch_size`` gives the full-batch update: see the package's exactness
 contract. One step runs ``sampler -> planner -> chunks -> engine``: the batch's
 pairs are planned (:class:`~imitation_accum.planning.Planner`), laid out as the
-plan says (:func:`~imitation_accum.preference.pair_task.make_chunks`) and stepped
+plan says (:func:`~imitation_accum.preference.pair_chunks.make_chunks`) and stepped
 by the engine with the plan as its argument.
 """
 
@@ -32,6 +32,7 @@ from imitation_accum.planning.planner import Planner
 from imitation_accum.preference import (
     arguments,
     memory_plan,
+    pair_chunks,
     pair_table,
     pair_task,
     records,
@@ -346,7 +347,7 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
         local = self._local_items(batch)
 
         def step(plan: StepPlan) -> StepResult:
-            chunks = pair_task.make_chunks(self._task, table, local, plan)
+            chunks = pair_chunks.make_chunks(self._task, table, local, plan)
             return self.engine.step(self._task, chunks, plan=plan, n_items=len(batch))
 
         plan, result = self.planner.run(
@@ -378,7 +379,7 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
         local = self._local_items(indices)
 
         def evaluate(plan: StepPlan) -> EvaluationResult:
-            chunks = pair_task.make_chunks(self._task, table, local, plan)
+            chunks = pair_chunks.make_chunks(self._task, table, local, plan)
             return self.engine.evaluate(
                 self._task, chunks, plan=plan, n_items=len(indices)
             )
