@@ -52,12 +52,12 @@ import numpy as np
 import torch as th
 from imitation.data import types
 from imitation.rewards.reward_nets import CnnRewardNet
-from imitation.util import logger as imit_logger
 from stable_baselines3 import PPO
 from stable_baselines3.common.vec_env import DummyVecEnv
 from torch.nn import functional as F  # noqa: N812
 
 import _results
+from _quiet_logger import quiet_logger
 
 FRAME = (84, 84, 4)
 N_ACTIONS = 6
@@ -111,7 +111,7 @@ def make_gail(batch: int, minibatch: int, device: str, net: th.nn.Module, **kwar
         gen_algo=ppo,
         reward_net=net,
         gen_replay_buffer_capacity=2 * batch,
-        custom_logger=imit_logger.configure(format_strs=[]),
+        custom_logger=quiet_logger(),
         **kwargs,
     )
     trainer._gen_replay_buffer.store(random_transitions(rng, 2 * batch))

@@ -64,9 +64,9 @@ import torch as th
 from imitation.algorithms import preference_comparisons as pc
 from imitation.data.types import TrajectoryWithRew
 from imitation.rewards.reward_nets import CnnRewardNet
-from imitation.util import logger as imit_logger
 
 import _results
+from _quiet_logger import quiet_logger
 from imitation_accum import CrossEntropyRewardTrainer
 from imitation_accum.planning.budget import parse_budget
 from imitation_accum.planning.probe import ActivationProfile
@@ -173,7 +173,7 @@ def run_point(spec: Dict[str, Any]) -> Dict[str, Any]:
         pc.CrossEntropyRewardLoss(),
         np.random.default_rng(0),
         batch_size=batch,
-        custom_logger=imit_logger.configure(format_strs=[]),
+        custom_logger=quiet_logger(),
         progress_bar=False,
         **spec["trainer"],
     )

@@ -66,10 +66,10 @@ import torch as th
 from imitation.algorithms import preference_comparisons as pc
 from imitation.data.types import TrajectoryWithRew
 from imitation.rewards.reward_nets import BasicRewardNet, CnnRewardNet
-from imitation.util import logger as imit_logger
 from torch.nn import functional as F  # noqa: N812
 
 import _results
+from _quiet_logger import quiet_logger
 
 CONFIGS = {
     # name: (obs shape, net, pairs, fragment length, batch, minibatch). The CNN
@@ -180,7 +180,7 @@ def worker(
     th.manual_seed(0)
     dataset = make_data(shape, n_pairs, length)
     net = make_net(shape, kind)
-    logger = imit_logger.configure(format_strs=[])
+    logger = quiet_logger()
     extra = {"load_average": load_average()}
     baseline = rss_bytes()
     if impl == "imitation":
@@ -250,7 +250,7 @@ def accum_trainer(net, batch_size, minibatch_size, **options):
         rng=np.random.default_rng(0),
         batch_size=batch_size,
         minibatch_size=minibatch_size,
-        custom_logger=imit_logger.configure(format_strs=[]),
+        custom_logger=quiet_logger(),
         progress_bar=False,
         **options,
     )

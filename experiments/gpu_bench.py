@@ -54,10 +54,10 @@ import torch as th
 from imitation.algorithms import preference_comparisons as pc
 from imitation.data import types
 from imitation.rewards.reward_nets import CnnRewardNet
-from imitation.util import logger as imit_logger
 from torch.nn import functional as F  # noqa: N812
 
 import _results
+from _quiet_logger import quiet_logger
 from bench_discriminator import FRAME, N_ACTIONS, BareLoop, make_gail
 
 SPACE = gym.spaces.Box(0, 255, FRAME, np.uint8)
@@ -205,7 +205,7 @@ def preference_step(
         np.random.default_rng(0),
         batch_size=len(dataset),
         minibatch_size=minibatch,
-        custom_logger=imit_logger.configure(format_strs=[]),
+        custom_logger=quiet_logger(),
         progress_bar=False,
         **kwargs,
     )

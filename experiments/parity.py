@@ -35,10 +35,10 @@ from imitation.algorithms import preference_comparisons as pc
 from imitation.data.types import TrajectoryWithRew
 from imitation.regularization import regularizers, updaters
 from imitation.rewards.reward_nets import BasicRewardNet
-from imitation.util import logger as imit_logger
 from imitation.util import networks
 
 import _results
+from _quiet_logger import quiet_logger
 from imitation_accum import CrossEntropyRewardTrainer
 
 OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
@@ -112,7 +112,7 @@ def train(kind, seed, minibatch_size, dataset, epochs, optimizer="adamw"):
         "minibatch_size": minibatch_size,
         "epochs": epochs,
         "lr": 3e-3 if optimizer == "adamw" else 0.05,
-        "custom_logger": imit_logger.configure(format_strs=[]),
+        "custom_logger": quiet_logger(),
         "regularizer_factory": factory,
     }
     model = pc.PreferenceModel(net)
