@@ -82,9 +82,11 @@ CONFIGS = {
     "cnn84-100": ((84, 84, 4), "cnn", 4, 100, 4, 1),
     "cnn210": ((210, 160, 3), "cnn", 4, 25, 4, 1),
 }
-#: Epochs of the timed ``train`` call of each configuration (after a warm-up);
-#: imitation's MLP epochs take 100x longer on a loaded machine than the others.
-EPOCHS = {"mlp": 20, "cnn84-25": 1, "cnn84-100": 1, "cnn210": 1}
+#: Epochs of the timed ``train`` call of each configuration (after a warm-up):
+#: an MLP epoch of this package or the bare loops takes milliseconds, which a
+#: fresh process times unsteadily; imitation's MLP epochs take 100x longer on a
+#: loaded machine than the others (one epoch: IMITATION_EPOCHS).
+EPOCHS = {"mlp": 100, "cnn84-25": 1, "cnn84-100": 1, "cnn210": 1}
 IMITATION_EPOCHS = {"mlp": 1}
 #: The bare loop's call sizes tried on the CNNs (the fastest is the floor).
 FLOOR_CNN_SIZES = (2, 4)

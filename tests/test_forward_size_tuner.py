@@ -334,6 +334,20 @@ def test_auto_forward_size_logs_what_it_measured(rng):
     assert trainer.planner.tuning_seconds > 0
 
 
+def test_the_load_check_counts_as_tuning(rng, monkeypatch):
+    """Reading the machine's load is part of what forward_size="auto" costs."""
+    import time
+
+    def slow_check(threads=None):
+        time.sleep(0.2)
+        return False
+
+    monkeypatch.setattr(cpu_load, "oversubscribed", slow_check)
+    trainer = make_trainer(make_net(), batch_size=6, minibatch_size=3)
+    trainer.train(ref.make_dataset(rng, 6, (5,)))
+    assert trainer.planner.tuning_seconds >= 0.2
+
+
 def test_chosen_seconds_when_the_step_trial_picks_threads_not_timed_at_that_size():
     # The step trial chose 1 thread, timed only at size 4; size 8 ran with the
     # default count. The planner's budget arithmetic still reads size 8's time.

@@ -19,8 +19,10 @@ import torch as th
 
 LOADAVG = "/proc/loadavg"
 #: Readings of the runnable count taken (the median counts): one is a snapshot.
-LOAD_SAMPLES = 5
-LOAD_SAMPLE_INTERVAL_SECONDS = 0.002
+#: A competing job's threads are runnable nearly all the time; a few readings
+#: a millisecond apart see them (each sleep costs the first train() its length).
+LOAD_SAMPLES = 3
+LOAD_SAMPLE_INTERVAL_SECONDS = 0.001
 
 
 def runnable_threads(samples: int = LOAD_SAMPLES) -> Optional[int]:

@@ -123,11 +123,12 @@ class ForwardSizeTuner:
     the scan stops once two sizes in a row are ``stop_ratio`` times slower per
     transition than the best and no faster than the smaller sizes (past the
     optimum: one slow timing is not enough).
-    While a call costs about the same whatever its size (at most
-    ``FIXED_COST_GROWTH`` times the previous size's call: fixed costs dominate,
-    as in an MLP), the scan skips every other size; the skipped sizes next to
-    the best are timed after the scan. A scan that improved at every size up
-    to ``max_size`` is decided: larger calls were faster each time.
+    While a call's time grows at most as the square root of its size (from
+    the previous size timed: fixed costs dominate, as in an MLP), the scan
+    skips every other size, and while that holds again ever more (16, then 256
+    times the size); the skipped sizes next to the best are timed after the
+    scan. A scan that improved at every size up to ``max_size`` is decided:
+    larger calls were faster each time.
     The best sizes and their neighbours are then re-timed, interleaved, in
     alternating order, until each has ``repeats`` timings; their medians decide.
     A timing ``pathological_ratio`` times slower (or faster) per transition than
@@ -221,7 +222,7 @@ class ForwardSizeTuner:
             else:
                 warm_up()
         slower_in_a_row = {threads: 0 for threads in search.thread_options}
-        index, previous = 0, None
+        index, previous, stride = 0, None, 1
         while index < len(grid):
             size = grid[index]
             scanning = [t for t, n in slower_in_a_row.items() if n < 2]
@@ -262,12 +263,16 @@ class ForwardSizeTuner:
                     search.measure((size, threads))
                 if not search.improving(size, scanning):
                     break
-            fixed = previous is not None and all(
-                search.fixed_cost(previous, size, t) for t in scanning
+            steep = previous is not None and all(
+                search.sublinear(previous, size, t) for t in scanning
             )
             previous = size
-            index += 2 if fixed else 1
-            if fixed and index >= len(grid) > index - 1:
+            # Calls that cost little more as they grow: the stride doubles each
+            # time that holds (4x, 16x, 256x the size), so that an MLP reaches
+            # its whole chunk in a few timings.
+            stride = 2 * stride if steep else 1
+            index += stride
+            if index >= len(grid) and size != grid[-1]:
                 index = len(grid) - 1  # the largest size is always timed
         # A scan that improved at every size up to the largest is decided: it
         # ends there whatever more timings say. Otherwise the sizes it skipped

@@ -179,6 +179,7 @@ class Planner:
         tuned = workload.key in self.forward_sizes.found
         if tuned:
             return self.forward_sizes.size(workload.key, limit, lambda size: 0.0)
+        begin = time.perf_counter()  # the load check counts as tuning too
         thread_options: List[Optional[int]] = [None]
         busy = workload.device.type == "cpu" and cpu_load.oversubscribed()
         if busy and th.get_num_threads() > 1:
@@ -187,7 +188,6 @@ class Planner:
         timing = functools.partial(
             self._time_per_transition, workload, limit=limit, busy=busy
         )
-        begin = time.perf_counter()
         size = self.forward_sizes.size(
             workload.key,
             limit,

@@ -35,10 +35,6 @@ if TYPE_CHECKING:
 
 #: A thread count this much slower than another at the same size is dropped.
 OUTRUN_RATIO = 2.0
-#: A call at most this much longer than one of a smaller size (twice or four
-#: times smaller) costs about the same: fixed costs dominate it, and the scan
-#: may skip a size.
-FIXED_COST_GROWTH = 1.25
 
 
 class ClockedTiming(NamedTuple):
@@ -153,18 +149,19 @@ class TuningSearch:
         smaller = [c for c in self.usable() if c[1] == threads and c[0] < size]
         return min((self.median(c) for c in smaller), default=float("inf"))
 
-    def fixed_cost(self, smaller: int, larger: int, threads: Optional[int]) -> bool:
-        """Whether fixed costs dominate calls of ``smaller`` to ``larger``.
+    def sublinear(self, smaller: int, larger: int, threads: Optional[int]) -> bool:
+        """Whether calls grew at most as the square root of their size.
 
-        True when a call of ``larger`` takes at most ``FIXED_COST_GROWTH`` times
-        one of ``smaller`` (with ``threads``; false where either is not usable).
+        From ``smaller`` to ``larger`` (with ``threads``; false where either is
+        not usable): the time per transition still falls steeply, so that
+        larger calls cost little more (an MLP on a CPU, a GPU below saturation).
         """
         first, second = (smaller, threads), (larger, threads)
         usable = set(self.usable()) - self.outran
         if first not in usable or second not in usable:
             return False
         growth = (self.median(second) * larger) / (self.median(first) * smaller)
-        return growth <= FIXED_COST_GROWTH
+        return growth <= (larger / smaller) ** 0.5
 
     def fill_gaps(self, grid: Sequence[int]) -> None:
         """Times the sizes of ``grid`` next to each thread count's best, if skipped.
@@ -249,9 +246,16 @@ class TuningSearch:
         return bool(others) and self.median(candidate) > OUTRUN_RATIO * min(others)
 
     def implausible(self, first: Candidate, second: Candidate) -> bool:
-        """Whether two timings are ``pathological_ratio`` or more apart."""
+        """Whether two timings are implausibly far apart.
+
+        ``pathological_ratio`` apart for sizes twice apart, and proportionally
+        more for sizes further apart (a call ``k`` times larger may cost as
+        much as the smaller one, ``k`` times less per transition).
+        """
         ratio = self.median(first) / max(self.median(second), 1e-12)
-        limit = self.tuner.pathological_ratio
+        sizes = sorted((first[0], second[0]))
+        spread = max(1.0, sizes[1] / max(sizes[0], 1) / 2)
+        limit = self.tuner.pathological_ratio * spread
         return ratio > limit or ratio < 1 / limit
 
     def recheck_if_implausible(self, candidate: Candidate) -> None:
