@@ -6,6 +6,7 @@ import torch as th
 
 from imitation_accum import planning
 from imitation_accum.planning import call_timing, cpu_load, forward_size, tuning_search
+from imitation_accum.planning import workload as planning_workload
 from tests import reference as ref
 from tests.test_preference_exactness import make_net, make_trainer
 
@@ -189,22 +190,23 @@ def test_a_timing_stops_at_its_ceiling(monkeypatch):
             pass
 
     workload = Slow()
-    planner = planning.Planner(minibatch_size=None)
-    per_transition = planner._time_per_transition(workload, 2, limit=64, transitions=32)
+    per_transition = planning_workload.time_per_transition(
+        workload, 2, limit=64, transitions=32
+    )
     assert len(workload.calls) == 8  # no ceiling: every call (eight at most)
     workload.calls.clear()
-    per_transition = planner._time_per_transition(
+    per_transition = planning_workload.time_per_transition(
         workload, 2, limit=64, transitions=32, ceiling=1e-3
     )
     assert workload.calls == [(0, 2)]
     assert per_transition >= 0.01 / 2
     # Calls that long: the timing ends once its forward calls passed
     # TIMING_FORWARD_SECONDS (set to 25 ms here): after three calls, not eight.
-    import imitation_accum.planning.planner as planner_module
-
     workload.calls.clear()
-    monkeypatch.setattr(planner_module, "TIMING_FORWARD_SECONDS", 0.025)
-    per_transition = planner._time_per_transition(workload, 2, limit=64, transitions=32)
+    monkeypatch.setattr(planning_workload, "TIMING_FORWARD_SECONDS", 0.025)
+    per_transition = planning_workload.time_per_transition(
+        workload, 2, limit=64, transitions=32
+    )
     assert workload.calls == [(0, 2), (2, 4), (4, 6)]
     assert per_transition >= 0.01 / 2
 
@@ -213,9 +215,7 @@ def test_a_timing_stops_at_its_ceiling(monkeypatch):
     "epoch, expected", [(None, 16), (100, 16), (3200, 100), (10**6, 256)]
 )
 def test_measurements_are_a_share_of_an_epoch(epoch, expected):
-    from imitation_accum.planning import planner
-
-    assert planner.measurement_transitions(epoch) == expected
+    assert planning_workload.measurement_transitions(epoch) == expected
 
 
 def test_pass_timing_stops_when_two_passes_are_clearly_slower():
@@ -385,13 +385,14 @@ def test_busy_one_thread_calls_are_timed_in_cpu_time():
         def measuring(self, checkpointing=True):
             return contextlib.nullcontext()
 
-    planner = planning.Planner(minibatch_size=None)
     workload = Preempted()
     with cpu_load.intra_op_threads(1):
-        busy = planner._time_per_transition(
+        busy = planning_workload.time_per_transition(
             workload, 2, limit=8, transitions=8, busy=True
         )
-        wall = planner._time_per_transition(workload, 2, limit=8, transitions=8)
+        wall = planning_workload.time_per_transition(
+            workload, 2, limit=8, transitions=8
+        )
         assert cpu_load.call_clock(True) is time.thread_time
     assert wall >= 0.02 / 2  # the wall clock counts the time off the core
     assert busy.seconds < wall / 10

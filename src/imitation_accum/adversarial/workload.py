@@ -8,7 +8,7 @@ import torch as th
 
 from imitation_accum.adversarial import discriminator_task
 from imitation_accum.engine.accumulator import GradientAccumulator
-from imitation_accum.planning.planner import NetCall
+from imitation_accum.planning.workload import NetCall
 
 LogProbs = Callable[[discriminator_task.DiscriminatorChunk], Optional[th.Tensor]]
 

@@ -19,7 +19,8 @@ from imitation_accum.planning.plan import (
     plan_chunks,
     transition_ranges,
 )
-from imitation_accum.planning.planner import Planner, Workload
+from imitation_accum.planning.planner import Planner
+from imitation_accum.planning.workload import Workload
 
 __all__ = [
     "TUNING_TRANSITIONS",

@@ -21,13 +21,10 @@ import functools
 import time
 from typing import (
     Callable,
-    ContextManager,
     Dict,
     Hashable,
     List,
     Optional,
-    Protocol,
-    Sequence,
     Tuple,
     TypeVar,
     Union,
@@ -39,69 +36,30 @@ import torch as th
 from imitation_accum.planning import budget, cpu_load, oom, probe
 from imitation_accum.planning.call_timing import (
     REPEATS,
-    time_forward_backward,
     time_passes,
 )
 from imitation_accum.planning.forward_size import (
-    TUNING_TRANSITIONS,
     ForwardSizes,
     TuningResult,
 )
 from imitation_accum.planning.plan import StepPlan, as_sides, pair_chunks
 from imitation_accum.planning.thread_trial import ThreadTrial
-from imitation_accum.planning.tuning_search import ClockedTiming
+from imitation_accum.planning.workload import (
+    Workload,
+    measurement_transitions,
+    time_per_transition,
+)
 
 #: Two passes are chosen for speed only if they take under this share of one pass.
 TWO_PASS_MARGIN = 0.9
 #: Tuning (forward size, then one pass against two) may take about this many
 #: epochs' worth of reward-net work.
 TUNING_BUDGET_EPOCHS = 1.0
-#: Forward-size timings that fit in one epoch's work, and the most transitions
-#: one of them runs (see :func:`measurement_transitions`).
-MEASUREMENTS_PER_EPOCH = 32
-MAX_MEASUREMENT_TRANSITIONS = 256
-#: Calls one timing runs at most (at least two).
-MAX_CALLS_PER_TIMING = 8
-#: A timing stops after the call that brings its forward calls past this many
-#: seconds, even at one call: calls that long time steadily one by one, and a
-#: heavy net's timings (Atari frames on a busy CPU) would take seconds each.
-TIMING_FORWARD_SECONDS = 0.1
 #: Work of timing one pass and two passes, ``REPEATS`` times each, in units of
 #: one pass (two passes run a forward more).
 PASS_TIMING_PASSES = REPEATS * 2.5
 
 ResultT = TypeVar("ResultT")
-#: ``call(start, stop)``: one reward-net call on transitions ``[start, stop)``.
-NetCall = Callable[[int, int], th.Tensor]
-
-
-class Workload(Protocol):
-    """What the planner may run to measure: reward-net calls on the batch's data."""
-
-    key: Hashable
-    """What timings depend on (net architecture, input, device, precision)."""
-
-    @property
-    def device(self) -> th.device:
-        """Where the calls run."""
-
-    @property
-    def params(self) -> Sequence[th.Tensor]:
-        """The parameters the calls differentiate with respect to."""
-
-    def sample(self, n_transitions: int) -> Tuple[NetCall, int]:
-        """Calls over the first items holding at least ``n_transitions``.
-
-        Returns:
-            The call and the number of transitions it may run (fewer than asked
-            when the batch holds fewer).
-        """
-
-    def measuring(self, *, checkpointing: bool = True) -> ContextManager[None]:
-        """Context of measuring calls: no trace on the RNG or norm statistics."""
-
-    # Optional: ``epoch_transitions``, the transitions of one epoch, bounds the
-    # tuning's cost (read with getattr; without it tuning is not bounded).
 
 
 def _no_log(message: str) -> None:
@@ -186,7 +144,7 @@ class Planner:
             thread_options.insert(0, 1)  # first: a team may wait for taken cores
         epoch = getattr(workload, "epoch_transitions", None)
         timing = functools.partial(
-            self._time_per_transition, workload, limit=limit, busy=busy
+            time_per_transition, workload, limit=limit, busy=busy
         )
         size = self.forward_sizes.size(
             workload.key,
@@ -477,73 +435,3 @@ class Planner:
         if affordable < 2 * size:
             return None
         return min(n_transitions, affordable)
-
-    def _time_per_transition(
-        self,
-        workload: Workload,
-        size: int,
-        *,
-        limit: int,
-        transitions: int = TUNING_TRANSITIONS,
-        ceiling: Optional[float] = None,
-        busy: bool = False,
-    ) -> Union[float, ClockedTiming]:
-        """Seconds per transition of calls of ``size``, as a one-pass chunk runs.
-
-        Calls of ``size`` over ``transitions`` transitions (two calls at least,
-        :data:`MAX_CALLS_PER_TIMING` at most; fewer once the calls took
-        :data:`TIMING_FORWARD_SECONDS`), their graphs kept, then one backward.
-        With a ``ceiling`` (seconds per transition), the calls stop once they
-        are slower than it, and the time per transition of those run so far is
-        returned. On a ``busy`` CPU with
-        one intra-op thread, seconds of this thread's CPU time
-        (:func:`~imitation_accum.planning.cpu_load.call_clock`; the ceiling too),
-        returned with the wall-clock seconds of the same calls.
-        """
-        clock = cpu_load.call_clock(busy)
-        # Small calls cost most per transition: a timing of them need not be
-        # as long to be as steady.
-        calls = min(transitions, MAX_CALLS_PER_TIMING * size)
-        total = min(limit, max(2 * size, calls))
-        call, available = workload.sample(total)
-        total = min(total, available)
-        done = 0
-
-        def run() -> th.Tensor:
-            nonlocal done
-            outputs, begin = [], clock()
-            for start in range(0, total, size):
-                done = min(start + size, total)
-                outputs.append(call(start, done))
-                elapsed = clock() - begin
-                if elapsed > TIMING_FORWARD_SECONDS or (
-                    ceiling is not None and elapsed > ceiling * done
-                ):
-                    break
-            return th.cat(outputs)
-
-        with workload.measuring():
-            wall_begin = time.perf_counter()
-            seconds = time_forward_backward(
-                run,
-                list(workload.params),
-                workload.device,
-                clock=clock,
-            )
-            wall = time.perf_counter() - wall_begin
-        if clock is time.perf_counter:
-            return seconds / done
-        return ClockedTiming(seconds / done, wall / done)
-
-
-def measurement_transitions(epoch_transitions: Optional[int]) -> int:
-    """Transitions one forward-size timing runs: a share of an epoch, bounded.
-
-    :data:`MEASUREMENTS_PER_EPOCH` timings fit in an epoch's work; at least
-    :data:`TUNING_TRANSITIONS` (a few calls), at most
-    :data:`MAX_MEASUREMENT_TRANSITIONS` (enough for steady timings).
-    """
-    if epoch_transitions is None:
-        return TUNING_TRANSITIONS
-    share = epoch_transitions // MEASUREMENTS_PER_EPOCH
-    return int(min(MAX_MEASUREMENT_TRANSITIONS, max(TUNING_TRANSITIONS, share)))

@@ -8,7 +8,7 @@ import torch as th
 
 from imitation_accum.engine.accumulator import GradientAccumulator
 from imitation_accum.planning import forward_size
-from imitation_accum.planning.planner import NetCall
+from imitation_accum.planning.workload import NetCall
 from imitation_accum.preference import pair_table, pair_task
 
 
