@@ -110,6 +110,25 @@ def test_the_budget_bounds_the_cost(monkeypatch):
     assert len(result.timings[size, None]) >= tuner.repeats
 
 
+def test_the_last_third_of_the_budget_is_kept_for_the_contenders(monkeypatch):
+    """Near the best but not next to it: re-timed while two thirds are left.
+
+    The best and its neighbours need the last third for their repeats.
+    """
+    clock = Clock()
+    monkeypatch.setattr(forward_size.time, "perf_counter", clock)
+    curve = Curve(per_call=1e-3, per_transition=1e-3, cache_size=8, clock=clock)
+    tuner = planning.ForwardSizeTuner()
+    assert tuner.tune(curve, 4096, budget_transitions=300) == 8
+    timings = tuner.last_result.timings
+    for contender in (4, 8, 16):
+        assert len(timings[contender, None]) == tuner.repeats
+    # Size 2 is within stop_ratio of the best's neighbourhood (near the best);
+    # the budget being two-thirds spent, it is not re-timed.
+    assert len(timings[2, None]) == 1
+    assert clock.now <= 1.2 * tuner.last_result.budget_seconds
+
+
 def test_an_improving_scan_runs_past_the_budget(monkeypatch):
     """Calls dominated by fixed costs: every doubling still pays, so go on."""
     clock = Clock()

@@ -141,9 +141,10 @@ class ForwardSizeTuner:
 
     With several ``thread_options`` every size is timed with each (the CPU is
     shared: fewer threads may be faster), and the pair that is fastest wins.
-    With ``budget_transitions`` (one epoch's transitions), the scan and re-timing of
-    sizes far from the best stop once it is spent; the best and its
-    neighbours always get ``repeats`` timings.
+    With ``budget_transitions`` (one epoch's transitions), the scan stops once a
+    third of it is spent (unless it still improves) and the re-timing of sizes
+    other than the best and its neighbours once two thirds are; the best and
+    its neighbours always get ``repeats`` timings.
 
     Args:
         repeats: Timings per candidate near the best (their median counts).
@@ -277,13 +278,14 @@ class ForwardSizeTuner:
         # A scan that improved at every size up to the largest is decided: it
         # ends there whatever more timings say. Otherwise the sizes it skipped
         # next to the best are timed, then the interleaved re-timing: the
-        # contenders until each has `repeats`; the rest while the budget lasts.
+        # contenders until each has `repeats`; the rest until two thirds of
+        # the budget are spent, the last third kept for the contenders.
         decided = search.improved_throughout(max_size)
         if not decided:
             search.fill_gaps(grid)
         for round_index in range(1, 1 if decided else self.repeats):
             order = search.contenders()
-            if not spent():
+            if not spent(2 / 3):
                 order = sorted(
                     set(order) | set(search.near_best()), key=candidate_order
                 )
