@@ -353,6 +353,63 @@ class ExactFloorLoop(FloorLoop):
         return tuple(th.cat(c).reshape(len(pairs), -1).sum(1) for c in calls)
 
 
+class FiguresLoop(ExactFloorLoop):
+    """The exact floor with this package's inputs and figures, written by hand.
+
+    What the trainer must do, and nothing else: mirrored calls on inputs
+    converted once (one-hot actions), gathered once per batch and sliced per
+    minibatch; imitation's clipped logits (threshold 50); and the figures
+    imitation's trainer logs per step: the loss, the accuracy, the per-pair
+    losses and the gradient norm. MLP only (the CNNs' frames are converted per
+    call by every implementation).
+    """
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.onehot = F.one_hot(self.acts, N_ACTIONS).float()
+        self.dones = th.zeros(self.acts.shape)
+        self.params = list(self.net.parameters())
+
+    def epoch(self):
+        """One epoch: a fresh permutation, batches, minibatches, the figures."""
+        n = len(self.prefs)
+        order = self.rng.permutation(n)
+        for b in range(0, n, self.batch_size):
+            batch = th.as_tensor(order[b : b + self.batch_size])
+            sides = [
+                tuple(t[idx].flatten(0, 1) for t in (self.obs, self.onehot, self.dones))
+                for idx in (2 * batch, 2 * batch + 1)
+            ]
+            prefs = self.prefs[batch]
+            length = self.obs.shape[1]
+            self.optim.zero_grad()
+            loss_sums, corrects, item_losses = [], [], []
+            for m in range(0, len(batch), self.minibatch_size):
+                pairs = slice(m, m + self.minibatch_size)
+                rows = slice(m * length, (m + self.minibatch_size) * length)
+                returns = []
+                for obs, onehot, dones in sides:
+                    rews = self.net(obs[rows], onehot[rows], obs[rows], dones[rows])
+                    returns.append(rews.reshape(-1, length).sum(1))
+                logits = th.clamp(returns[0] - returns[1], -50.0, 50.0)
+                losses = F.binary_cross_entropy_with_logits(
+                    logits, prefs[pairs], reduction="none"
+                )
+                loss = losses.sum()
+                (loss / len(batch)).backward()
+                probs = th.sigmoid(logits.detach())
+                corrects.append(((probs > 0.5) == (prefs[pairs] > 0.5)).sum())
+                loss_sums.append(loss.detach())
+                item_losses.append(losses.detach())
+            self.figures = (
+                float(th.stack(loss_sums).sum()) / len(batch),
+                float(th.stack(corrects).sum()) / len(batch),
+                th.cat(item_losses).numpy(),
+                float(th.nn.utils.get_total_norm([p.grad for p in self.params])),
+            )
+            self.optim.step()
+
+
 #: What each repeat times, in this order (reversed every other repeat).
 IMPLS = ("imitation", "accum", "floor", "exact-floor")
 #: The bare loops, by the name the table gives them.
@@ -677,14 +734,22 @@ def write(path: Path, lines) -> None:
 
 
 # config -> (forward sizes, epochs per timed call)
-SAME_PROCESS = {"mlp": ((800,), 25), "cnn84-100": ((2, 4, 5, 8), 2)}
+SAME_PROCESS = {"mlp": ((1600,), 100), "cnn84-100": ((4, 8), 2)}
 
 
 def same_process_table(out_dir: Path, repeats: int, configs, quick=False) -> None:
-    """This trainer against the bare loop in one process, same forward sizes."""
+    """This trainer against the bare loops in one process, same forward sizes.
+
+    ``mlp`` also times :class:`FiguresLoop`, the exact loop by hand with the
+    trainer's inputs and figures. The exact floor's calls cover each side of a
+    minibatch, half of the floor's, so they run at half its forward size.
+    """
     lines = [
-        "| config | forward_size | accum s/epoch | floor s/epoch | accum / floor |",
-        "|---|---|---|---|---|",
+        "| config | forward_size | accum s/epoch | floor s/epoch "
+        "| exact floor s/epoch | by hand, with figures s/epoch "
+        "| accum / floor | accum / exact floor | by hand / floor "
+        "| accum / by hand |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for config in configs:
         sizes, epochs = SAME_PROCESS[config]
@@ -701,17 +766,46 @@ def same_process_table(out_dir: Path, repeats: int, configs, quick=False) -> Non
                 forward_size=size,
                 two_pass=False,
             )
-            loop = FloorLoop(net, dataset, batch_size, minibatch_size, size)
-            run_accum = functools.partial(train_epochs, trainer, dataset)
-            accum, floor = [], []
+            args = (net, dataset, batch_size, minibatch_size)
+            loops = {
+                "accum": functools.partial(train_epochs, trainer, dataset),
+                "floor": FloorLoop(*args, size).epochs,
+                "exact": ExactFloorLoop(*args, max(1, size // 2)).epochs,
+            }
+            if kind == "mlp":
+                loops["hand"] = FiguresLoop(*args, max(1, size // 2)).epochs
+            times: dict = {name: [] for name in loops}
             for _ in range(repeats):  # interleaved; the fastest of each counts
-                accum.append(time_epochs(run_accum, epochs))
-                floor.append(time_epochs(loop.epochs, epochs))
+                for name, run in loops.items():
+                    times[name].append(time_epochs(run, epochs))
+            best = {name: min(values) for name, values in times.items()}
+            hand = best.get("hand")
+
+            def ratio(a, b):
+                return "—" if a is None or b is None else f"{a / b:.2f}x"
+
             lines.append(
-                f"| {config} | {size} | {min(accum):.4f} | {min(floor):.4f} "
-                f"| {min(accum) / min(floor):.2f}x |",
+                f"| {config} | {size} | {best['accum']:.4g} | {best['floor']:.4g} "
+                f"| {best['exact']:.4g} | {'—' if hand is None else f'{hand:.4g}'} "
+                f"| {ratio(best['accum'], best['floor'])} "
+                f"| {ratio(best['accum'], best['exact'])} "
+                f"| {ratio(hand, best['floor'])} | {ratio(best['accum'], hand)} |",
             )
             print(lines[-1], flush=True)
+    lines += [
+        "",
+        f"The fastest of {repeats} interleaved timings per point, in one process, "
+        "each of one train() or loop call of "
+        + ", ".join(
+            f"{2 if quick else SAME_PROCESS[c][1]} epochs ({c})" for c in configs
+        )
+        + "; floor: a minibatch's fragments interleaved in calls of "
+        "forward_size; exact floor: the pairs' sides end to end, calls of half of "
+        "it mirrored; by hand, with figures (mlp): the exact floor on inputs "
+        "converted once, with imitation's clipped logits and the figures the "
+        "trainer logs (loss, accuracy, per-pair losses, gradient norm); "
+        f"commit {_results_commit()}.",
+    ]
     write(out_dir / "bench_reward_trainer_same_process.md", lines)
 
 

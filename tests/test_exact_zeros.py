@@ -73,16 +73,25 @@ def test_output_bias_gradient_is_exactly_zero(kwargs, discount):
 
 
 def concatenated_forward(self, chunk, forward_size):
-    """Naive: both sides in one concatenation, cut into calls as it comes."""
-    layouts = chunk.layouts
+    """Naive: the first side's calls, then the second's, not mirrored."""
     joined = [
-        self.call(layout, s, min(s + forward_size, layout.n_transitions))
-        for layout in layouts
-        for s in range(0, layout.n_transitions, forward_size)
+        call for side in (0, 1) for call in side_calls(self, chunk, side, forward_size)
     ]
     rewards = th.cat(joined)
-    split = layouts[0].n_transitions
+    split = chunk.layouts[0].n_transitions
     return pair_task.SideRewards(rewards[:split], rewards[split:])
+
+
+def side_calls(task, chunk, side, forward_size):
+    """The calls over one side of ``chunk``, on its staged inputs if it has them."""
+    layout = chunk.layouts[side]
+    for start in range(0, layout.n_transitions, forward_size):
+        stop = min(start + forward_size, layout.n_transitions)
+        if chunk.staged is None:
+            yield task.call(layout, start, stop)
+        else:
+            inputs = tuple(t[start:stop] for t in chunk.staged[side].inputs)
+            yield task._run(inputs, start, stop)
 
 
 def test_sides_called_one_after_the_other_leave_round_off(monkeypatch):

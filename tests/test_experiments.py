@@ -279,9 +279,17 @@ def test_bench_reward_trainer_memory(tmp_path):
 def test_bench_reward_trainer_same_process(tmp_path):
     run_script("bench_reward_trainer.py", tmp_path, "--quick", "--same-process")
     text = read(tmp_path / "bench_reward_trainer_same_process.md")
-    header = ["config", "forward_size", "accum s/epoch", "floor s/epoch"]
+    header = [
+        "config",
+        "forward_size",
+        "accum s/epoch",
+        "floor s/epoch",
+        "exact floor s/epoch",
+        "by hand, with figures s/epoch",
+    ]
     rows = table(text, header, min_rows=1)
-    assert rows[0][:2] == ["mlp", "800"]
+    assert rows[0][:2] == ["mlp", "1600"]
+    assert all(float(cell) > 0 for cell in rows[0][2:6]), rows[0]
     assert_made_by(text, "bench_reward_trainer.py")
 
 

@@ -11,10 +11,12 @@ import copy
 import numpy as np
 import pytest
 import torch as th
+from imitation.algorithms import preference_comparisons
+from imitation.rewards.reward_nets import BasicRewardNet
 
 import imitation_accum
 from imitation_accum.engine import staging
-from imitation_accum.preference import fragments
+from imitation_accum.preference import fragments, pair_table, pair_task
 from tests import adversarial_setup as setup
 from tests import reference as ref
 from tests.test_adversarial_training import (
@@ -216,3 +218,50 @@ def test_cuda_transport_copies_through_pinned_buffers():
         frames, nothing = stager.fetch(chunk)
         assert frames.dtype == th.uint8 and frames.device.type == "cuda"
         assert nothing is None and int(frames.float().mean()) == k
+
+
+@pytest.mark.parametrize("varying", ["lengths", "terminal"])
+@pytest.mark.parametrize("discount", [1.0, 0.9])
+def test_batch_converted_once_splits_as_chunks_gathered_apart(rng, discount, varying):
+    # Batches of one size drawn afresh, cut alike, whose pairs differ only in
+    # lengths or only in terminal flags: a chunk placement cached for one batch
+    # must not serve another.
+    pairs = []
+    for k in range(12):
+        lengths = (3 + k % 4, 2 + k % 5) if varying == "lengths" else (4, 4)
+        terminal = (k % 3 == 0, k % 4 == 1) if varying == "terminal" else (0, 0)
+        pairs.append(
+            tuple(
+                ref.make_fragment(rng, length, terminal=bool(flag))
+                for length, flag in zip(lengths, terminal)
+            )
+        )
+    data = preference_comparisons.PreferenceDataset()
+    data.push(pairs, rng.uniform(size=len(pairs)).astype(np.float32))
+    net = BasicRewardNet(ref.OBS_SPACE, ref.ACT_SPACE, use_next_state=True)
+    task = pair_task.PreferenceTask(
+        net, noise_prob=0.0, discount_factor=discount, threshold=50.0
+    )
+    table = pair_table.read_preferences(data)
+    item_chunks = [slice(0, 2), slice(2, 6)]
+    for _ in range(8):
+        local = rng.permutation(len(table))[:6]
+        assert task.staged.applies(table, local)
+        staged = task.staged.chunks(table, local, item_chunks)
+        for chunk, items in zip(staged, item_chunks):
+            apart = task.make_chunk(table, local[items])
+            assert th.equal(chunk.preferences, apart.preferences)
+            assert th.equal(chunk.prefers_first, apart.prefers_first)
+            for side in (0, 1):
+                layout, expected = chunk.layouts[side], apart.layouts[side]
+                np.testing.assert_array_equal(layout.offsets, expected.offsets)
+                np.testing.assert_array_equal(layout.dones, expected.dones)
+                assert layout.uniform_length == expected.uniform_length
+                gathered = task.convert(expected, 0, expected.n_transitions)
+                for got, want in zip(chunk.staged[side].inputs, gathered):
+                    assert th.equal(got, want)
+                weights = chunk.discounts[side]
+                if discount == 1:
+                    assert weights is None and apart.discounts[side] is None
+                else:
+                    assert th.equal(weights, apart.discounts[side])

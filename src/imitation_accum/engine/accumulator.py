@@ -149,6 +149,8 @@ class GradientAccumulator(SingleProcessHooks, Generic[ChunkT]):
         Returns:
             The context manager.
         """
+        if self.autocast_dtype is None and not (grad and self.checkpointed):
+            return contextlib.nullcontext()  # the common case, once per chunk
         stack = contextlib.ExitStack()
         if self.autocast_dtype is not None:
             stack.enter_context(

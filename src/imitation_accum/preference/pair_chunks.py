@@ -22,12 +22,10 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass
 class StagedSide:
-    """One side's converted net inputs for a whole batch, and a chunk's offset."""
+    """One side's converted net inputs for a chunk (views of the batch's)."""
 
     inputs: Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]
     """``(state, action, next_state, done)``, one row per transition."""
-    offset: int
-    """Where the chunk's first transition sits in :attr:`inputs`."""
 
 
 @dataclasses.dataclass
@@ -124,9 +122,9 @@ def make_chunks(
             TransitionChunk(batch, side, start, stop)
             for side, start, stop in plan.transition_chunks
         ]
-    elif task.stager is None and task.stages(table, local):
+    elif task.stager is None and task.staged.applies(table, local):
         # Converted once for the batch, already on the device: nothing to stage.
-        return list(task.staged_chunks(table, local, plan.item_chunks))
+        return list(task.staged.chunks(table, local, plan.item_chunks))
     else:
         chunks = [task.make_chunk(table, local[s]) for s in plan.item_chunks]
     if task.stager is not None:  # inputs move a chunk ahead (engine.staging)

@@ -57,10 +57,20 @@ class PreferenceTable:
             self.terminal[indices].reshape(-1),
         )
 
-    def side_layout(self, indices: np.ndarray, side: int) -> fragments.FragmentLayout:
-        """The ``side`` fragments (0: first, 1: second) of pairs ``indices``."""
+    def side_layout(
+        self,
+        indices: np.ndarray,
+        side: int,
+        *,
+        with_fragments: bool = True,
+    ) -> fragments.FragmentLayout:
+        """The ``side`` fragments (0: first, 1: second) of pairs ``indices``.
+
+        Without fragments (``fragments`` empty), the layout places transitions
+        but cannot gather them.
+        """
         return fragments.FragmentLayout.from_arrays(
-            [self.pairs[i][side] for i in indices],
+            [self.pairs[i][side] for i in indices] if with_fragments else (),
             self.lengths[indices, side],
             self.terminal[indices, side],
         )
@@ -145,8 +155,15 @@ class StoredPreferenceTable(PreferenceTable):
         """The fragments of pairs ``indices`` laid end to end, ``[a0, b0, a1, ...]``."""
         return StoredLayout.of_index(self.store, self.index[indices].reshape(-1, 6))
 
-    def side_layout(self, indices: np.ndarray, side: int) -> fragments.FragmentLayout:
+    def side_layout(
+        self,
+        indices: np.ndarray,
+        side: int,
+        *,
+        with_fragments: bool = True,
+    ) -> fragments.FragmentLayout:
         """The ``side`` fragments (0: first, 1: second) of pairs ``indices``."""
+        del with_fragments  # a stored layout holds ids, not fragments
         return StoredLayout.of_index(self.store, self.index[indices, side])
 
     def rewards(self) -> Optional[np.ndarray]:

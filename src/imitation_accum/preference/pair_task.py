@@ -30,27 +30,15 @@ from torch.nn import functional as F  # noqa: N812
 from imitation_accum.engine import staging
 from imitation_accum.engine.task import ChunkLoss
 from imitation_accum.nets import input_preparation
-from imitation_accum.preference import fragments, pair_table
+from imitation_accum.preference import fragments, pair_table, staged_batch
 from imitation_accum.preference.pair_chunks import (
     PairChunk,
-    StagedSide,
     TransitionChunk,
-    sub_layout,
-    transition_rows,
 )
 from imitation_accum.preference.pair_loss import (
     preference_losses,
     probability_first_preferred,
 )
-
-#: A one-pass batch whose converted reward-net inputs take at most this many
-#: bytes is gathered and converted once per step, its chunks' calls slicing it
-#: (small inputs, such as an MLP's: per-call gathering would cost more than
-#: the call).
-STAGED_INPUT_BYTES = 4 * 2**20
-#: A dataset whose converted inputs take at most this many bytes is converted
-#: once per ``train()`` call; each step then indexes the rows of its batch.
-STAGED_TABLE_BYTES = 16 * 2**20
 
 Inputs = Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]
 
@@ -87,7 +75,8 @@ class PreferenceTask:
         self.device = net.device
         self.inputs = input_preparation.InputPreparer(net)
         self.stager: Optional[staging.RangeStager] = None
-        self._staged_table: Optional[tuple] = None
+        self.staged = staged_batch.StagedBatches(self)
+        """Batches of small inputs, converted once (see its module)."""
         self.workload_keys: Dict[Hashable, Hashable] = {}
         """Timing keys of this net, by input (see ``PairWorkload.of``)."""
 
@@ -102,117 +91,34 @@ class PreferenceTask:
         self,
         table: pair_table.PreferenceTable,
         indices: np.ndarray,
+        *,
+        with_fragments: bool = True,
     ) -> PairChunk:
-        """Lays out pairs ``indices`` of ``table``; preferences go to the device."""
-        layouts = (table.side_layout(indices, 0), table.side_layout(indices, 1))
+        """Lays out pairs ``indices`` of ``table``; preferences go to the device.
+
+        Without fragments, the layouts only place transitions (calls then read
+        inputs converted beforehand).
+        """
+        layouts = tuple(
+            table.side_layout(indices, side, with_fragments=with_fragments)
+            for side in (0, 1)
+        )
         discounts = tuple(self._discounts(layout) for layout in layouts)
         prefs = th.as_tensor(
             table.preferences[indices], dtype=th.float32, device=self.device
         )
         return PairChunk(layouts, prefs, prefs > 0.5, discounts)  # type: ignore[arg-type]
 
-    def stages(self, table: pair_table.PreferenceTable, local: np.ndarray) -> bool:
-        """Whether the inputs of pairs ``local`` are converted once for the batch.
-
-        Only for the net's stock ``preprocess`` (row by row, so that slicing its
-        output equals converting the slice) and inputs of at most
-        :data:`STAGED_INPUT_BYTES`.
-        """
-        if getattr(self.inputs, "_owner", None) is None or not len(local):
-            return False
-        n_transitions = int(table.lengths[local].sum())
-        return n_transitions * self._input_bytes(table) <= STAGED_INPUT_BYTES
-
-    def _input_bytes(self, table: pair_table.PreferenceTable) -> int:
-        """Bytes of one transition's converted inputs (float32 observations)."""
-        frame: np.ndarray = table.pairs[0][0].obs  # type: ignore[assignment]
-        width = int(np.prod(frame.shape[1:])) * 4
-        return width * (2 if self.inputs.reads_next_state else 1)
-
-    def _batch_inputs(
-        self,
-        table: pair_table.PreferenceTable,
-        local: np.ndarray,
-        layouts: Sequence[fragments.FragmentLayout],
-    ) -> List[Inputs]:
-        """Each side's converted inputs of pairs ``local``, in layout order."""
-        staged = self._table_inputs(table)
-        if staged is None:
-            return [
-                self._convert(layout, 0, layout.n_transitions) for layout in layouts
-            ]
-        batch = []
-        for side, (side_inputs, offsets) in enumerate(staged):
-            rows = transition_rows(offsets, local, table.lengths[local, side])
-            index = th.as_tensor(rows, device=self.device)
-            picked: Dict[int, th.Tensor] = {}  # next_state may be state itself
-            for tensor in side_inputs:
-                if id(tensor) not in picked:
-                    picked[id(tensor)] = tensor.index_select(0, index)
-            batch.append(tuple(picked[id(t)] for t in side_inputs))
-        return batch  # type: ignore[return-value]
-
-    def _table_inputs(
-        self,
-        table: pair_table.PreferenceTable,
-    ) -> Optional[List[Tuple[Inputs, np.ndarray]]]:
-        """The whole dataset's converted inputs per side, if small; cached."""
-        cached = self._staged_table
-        if cached is not None and cached[0] is table and cached[1] == self.device:
-            return cached[2]
-        if table.lengths.sum() * self._input_bytes(table) > STAGED_TABLE_BYTES:
-            return None
-        every = np.arange(len(table))
-        sides = []
-        for side in (0, 1):
-            layout = table.side_layout(every, side)
-            sides.append(
-                (self._convert(layout, 0, layout.n_transitions), layout.offsets)
-            )
-        self._staged_table = (table, self.device, sides)
-        return sides
-
-    def staged_chunks(
-        self,
-        table: pair_table.PreferenceTable,
-        local: np.ndarray,
-        item_chunks: Sequence[slice],
-    ) -> List[PairChunk]:
-        """Chunks of pairs ``local`` whose calls slice inputs converted once."""
-        batch = self.make_chunk(table, local)
-        inputs = self._batch_inputs(table, local, batch.layouts)
-        chunks = []
-        for items in item_chunks:
-            layouts = tuple(sub_layout(layout, items) for layout in batch.layouts)
-            bounds = [
-                (int(layout.offsets[items.start]), int(layout.offsets[items.stop]))
-                for layout in batch.layouts
-            ]
-            discounts = tuple(
-                None if weights is None else weights[begin:end]
-                for weights, (begin, end) in zip(batch.discounts, bounds)
-            )
-            chunks.append(
-                PairChunk(
-                    layouts,  # type: ignore[arg-type]
-                    batch.preferences[items],
-                    batch.prefers_first[items],
-                    discounts,  # type: ignore[arg-type]
-                    tuple(  # type: ignore[arg-type]
-                        StagedSide(side_inputs, begin)
-                        for side_inputs, (begin, _) in zip(inputs, bounds)
-                    ),
-                ),
-            )
-        return chunks
-
-    def _convert(
+    def convert(
         self,
         layout: staging.RowSource,
         start: int,
         stop: int,
     ) -> Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
-        # Frames travel to the device as stored (uint8) and are converted there.
+        """The net's converted inputs of transitions ``[start, stop)`` of ``layout``.
+
+        Frames travel to the device as stored (uint8) and are converted there.
+        """
         obs, acts, next_obs, dones = layout.gather(
             start,
             stop,
@@ -250,7 +156,7 @@ class PreferenceTask:
         Returns:
             One reward per transition.
         """
-        return self._run(self._convert(layout, start, stop), start, stop, module)
+        return self._run(self.convert(layout, start, stop), start, stop, module)
 
     def _run(
         self,
@@ -283,16 +189,16 @@ class PreferenceTask:
             staged = self.stager.fetch(chunk)[0] if self.stager else layout
             return self.call(staged, chunk.start, chunk.stop)
         outputs: Tuple[List[th.Tensor], List[th.Tensor]] = ([], [])
-        longest = max(layout.n_transitions for layout in chunk.layouts)
         sources: Sequence[staging.RowSource] = (
             self.stager.fetch(chunk) if self.stager else chunk.layouts
         )
-        for start in range(0, longest, forward_size):
+        sizes = [source.n_transitions for source in sources]
+        for start in range(0, max(sizes), forward_size):
             for side, source in enumerate(sources):
-                if start < source.n_transitions:
-                    stop = min(start + forward_size, source.n_transitions)
+                if start < sizes[side]:
+                    stop = min(start + forward_size, sizes[side])
                     outputs[side].append(
-                        self._side_call(chunk, side, source, start, stop)
+                        self._side_call(chunk, side, source, start, stop, sizes[side])
                     )
         return SideRewards(*(_joined(side) for side in outputs))
 
@@ -303,13 +209,14 @@ class PreferenceTask:
         source: "staging.RowSource",
         start: int,
         stop: int,
+        side_transitions: int,
     ):
         if chunk.staged is None:
             return self.call(source, start, stop)
-        staged = chunk.staged[side]
-        begin, end = staged.offset + start, staged.offset + stop
-        inputs = tuple(tensor[begin:end] for tensor in staged.inputs)
-        return self._run(inputs, start, stop)  # type: ignore[arg-type]
+        inputs = chunk.staged[side].inputs
+        if start or stop < side_transitions:  # a call over part of the side
+            inputs = tuple(tensor[start:stop] for tensor in inputs)  # type: ignore
+        return self._run(inputs, start, stop)
 
     def returns(
         self, chunk: PairChunk, rewards: "SideRewards"
@@ -422,6 +329,8 @@ class SideRewards(NamedTuple):
 
     def float(self) -> "SideRewards":
         """Both sides as float32 (the engine's cast of autocast outputs)."""
+        if self.first.dtype == self.second.dtype == th.float32:
+            return self
         return SideRewards(self.first.float(), self.second.float())
 
 
