@@ -267,13 +267,13 @@ def scenario_auto_forward_size(rank: int) -> Dict[str, Any]:
     try:
 
         def before(trainer):
-            call = trainer._task.call
+            run = trainer._task.run  # every reward-net call, staged or gathered
 
-            def recording_call(layout, start, stop, module=None):
+            def recording_run(inputs, start, stop, module=None):
                 used.append(stop - start)
-                return call(layout, start, stop, module)
+                return run(inputs, start, stop, module)
 
-            trainer._task.call = recording_call
+            trainer._task.run = recording_run
 
         kwargs = dict(RUNNING_NORM_RUN, forward_size="auto", epochs=1)
         train(distributed.DistributedRewardTrainer, make_net(), kwargs, before=before)

@@ -91,7 +91,7 @@ def side_calls(task, chunk, side, forward_size):
             yield task.call(layout, start, stop)
         else:
             inputs = tuple(t[start:stop] for t in chunk.staged[side].inputs)
-            yield task._run(inputs, start, stop)
+            yield task.run(inputs, start, stop)
 
 
 def test_sides_called_one_after_the_other_leave_round_off(monkeypatch):

@@ -20,9 +20,9 @@ import torch as th
 LOADAVG = "/proc/loadavg"
 #: Readings of the runnable count taken (the median counts): one is a snapshot.
 #: A competing job's threads are runnable nearly all the time; a few readings
-#: a millisecond apart see them (each sleep costs the first train() its length).
+#: half a millisecond apart see them (each sleep adds to the first train()).
 LOAD_SAMPLES = 3
-LOAD_SAMPLE_INTERVAL_SECONDS = 0.001
+LOAD_SAMPLE_INTERVAL_SECONDS = 0.0005
 
 
 def runnable_threads(samples: int = LOAD_SAMPLES) -> Optional[int]:

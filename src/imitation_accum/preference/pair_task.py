@@ -156,15 +156,29 @@ class PreferenceTask:
         Returns:
             One reward per transition.
         """
-        return self._run(self.convert(layout, start, stop), start, stop, module)
+        return self.run(self.convert(layout, start, stop), start, stop, module)
 
-    def _run(
+    def run(
         self,
         inputs: Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor],
         start: int,
         stop: int,
         module: Optional[th.nn.Module] = None,
     ) -> th.Tensor:
+        """One reward-net call on converted ``inputs`` of transitions ``[start, stop)``.
+
+        Args:
+            inputs: ``(state, action, next_state, done)``, one row per transition.
+            start: First transition.
+            stop: One past the last transition.
+            module: What the call runs; by default ``call_target``.
+
+        Returns:
+            One reward per transition.
+
+        Raises:
+            ValueError: if the net does not return one reward per transition.
+        """
         through = self.call_target if module is None else module
         rewards = through(*inputs)
         if rewards.shape != (stop - start,):
@@ -216,7 +230,7 @@ class PreferenceTask:
         inputs = chunk.staged[side].inputs
         if start or stop < side_transitions:  # a call over part of the side
             inputs = tuple(tensor[start:stop] for tensor in inputs)  # type: ignore
-        return self._run(inputs, start, stop)
+        return self.run(inputs, start, stop)
 
     def returns(
         self, chunk: PairChunk, rewards: "SideRewards"

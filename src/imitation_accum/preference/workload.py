@@ -71,8 +71,18 @@ class PairWorkload:
         """Calls over the first pairs of the batch holding ``n_transitions``."""
         lengths = np.cumsum(self.table.lengths[self.local].sum(1))
         n_pairs = int(np.searchsorted(lengths, n_transitions)) + 1
-        layout = self.table.layout(self.local[: min(len(lengths), n_pairs)])
+        pairs = self.local[: min(len(lengths), n_pairs)]
+        layout = self.table.layout(pairs)
         net = self.task.net
+        if self.task.stager is None and self.task.staged.applies(self.table, pairs):
+            # As the steps' calls do: slices of inputs converted beforehand.
+            inputs = self.task.convert(layout, 0, layout.n_transitions)
+
+            def sliced(start: int, stop: int) -> th.Tensor:
+                part = tuple(tensor[start:stop] for tensor in inputs)
+                return self.task.run(part, start, stop, module=net)  # type: ignore[arg-type]
+
+            return sliced, layout.n_transitions
 
         def call(start: int, stop: int) -> th.Tensor:
             return self.task.call(layout, start, stop, module=net)
