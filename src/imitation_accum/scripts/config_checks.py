@@ -8,10 +8,12 @@ logger exist, and names the full config key it rejects
 import math
 from typing import Any, Dict, Iterable, Mapping
 
+import torch as th
 from imitation.rewards import reward_nets
 
 from imitation_accum import _validation
 from imitation_accum.planning import budget
+from imitation_accum.preference import arguments
 
 #: The keys of ``train_reward_model``'s ``regularizer`` config.
 REGULARIZER_KEYS = (
@@ -135,3 +137,43 @@ def warn_budget_beyond_machine(logger: Any, key: str, value: object) -> None:
     )
     if message is not None:
         logger.warning(f"{message}; training here will refuse it")
+
+
+def check_preference_model_kwargs(kwargs: Any) -> None:
+    """``preference_model_kwargs``: a dict of ``PreferenceModel`` arguments in range."""
+    if not isinstance(kwargs, Mapping):
+        raise ValueError(
+            f"preference_model_kwargs={kwargs!r} must be a dict of PreferenceModel "
+            "arguments (noise_prob, discount_factor, threshold)",
+        )
+    arguments.check_preference_model_values(kwargs, "preference_model_kwargs.")
+
+
+def check_device(value: Any) -> None:
+    """``device``: ``"auto"`` or anything ``torch.device`` accepts."""
+    if value == "auto":
+        return
+    try:
+        th.device(value)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(
+            f"device={value!r} is not a device: give 'auto', 'cpu', 'cuda' or 'cuda:N'",
+        ) from error
+
+
+def optimizer_class(value: Any) -> type:
+    """``reward_trainer_kwargs.optimizer_cls``: a torch optimizer class, or its name."""
+    if isinstance(value, str):
+        cls = getattr(th.optim, value, None)
+        if not (isinstance(cls, type) and issubclass(cls, th.optim.Optimizer)):
+            raise ValueError(
+                f"reward_trainer_kwargs.optimizer_cls={value!r} is not an optimizer "
+                "of torch.optim",
+            )
+        return cls
+    if isinstance(value, type) and issubclass(value, th.optim.Optimizer):
+        return value
+    raise ValueError(
+        f"reward_trainer_kwargs.optimizer_cls={value!r} must be a torch.optim "
+        "optimizer class or its name",
+    )

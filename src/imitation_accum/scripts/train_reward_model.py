@@ -31,17 +31,14 @@ imitation_accum.scripts.convert_preferences IN.pkl OUT`` converts one to a store
 """
 
 import contextlib
-import hashlib
 import logging
 import os
 import pathlib
 import signal
 import sys
 import tempfile
-import types
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
-import gymnasium as gym
 import numpy as np
 import torch as th
 from imitation.algorithms import preference_comparisons as pc
@@ -51,23 +48,17 @@ from imitation.scripts.ingredients import environment, reward
 from imitation.scripts.ingredients import logging as logging_ingredient
 from imitation.util import logger as imit_logger
 from sacred.observers import FileStorageObserver
-from torch.utils import data as data_th
 
 from imitation_accum import _validation, checkpoint, distributed
 from imitation_accum.engine import acceleration
-from imitation_accum.io import fingerprint
-from imitation_accum.preference import arguments, dataset_checks
-from imitation_accum.preference.dataset import (
-    ImitationPreferenceDataset,
-    PreferenceDataset,
-    load_imitation_pickle,
-)
+from imitation_accum.preference import arguments
 from imitation_accum.scripts import (
     atari_configs,
     config_checks,
     experiment,
     gpu_configs,
     ingredients,
+    offline_data,
 )
 
 # Configured and run under imitation_accum.patched(), as this package's other
@@ -189,14 +180,14 @@ def _check_config(
     )
     key = "reward_trainer_kwargs"
     ingredients.check_keywords(key, kwargs, accepted, "CrossEntropyRewardTrainer")
-    optimizer_cls = _optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
+    optimizer_cls = config_checks.optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
     arguments.check_trainer_values(kwargs, f"{key}.", optimizer_cls)
     config_checks.warn_budget_beyond_machine(
         logger, f"{key}.memory_budget", kwargs.get("memory_budget")
     )
     _validation.positive_int(f"{key}.epochs", kwargs.get("epochs", 1))
     acceleration.Acceleration.parse(kwargs.get("acceleration"), f"{key}.acceleration")
-    _check_preference_model_kwargs(config["preference_model_kwargs"])
+    config_checks.check_preference_model_kwargs(config["preference_model_kwargs"])
     _validation.non_negative_int("held_out_seed", config["held_out_seed"])
     interval = config["checkpoint_interval"]
     if isinstance(interval, bool) or not isinstance(interval, int):
@@ -206,7 +197,7 @@ def _check_config(
         raise ValueError(f"resume_from={resume!r}: no such file")
     config_checks.check_regularizer(config["regularizer"])
     config_checks.check_reward_ingredient(config, "train_reward_model")
-    _check_device(config["device"])
+    config_checks.check_device(config["device"])
     distributed.process_group.check_timeout(
         "collective_timeout_s", config["collective_timeout_s"]
     )
@@ -217,183 +208,6 @@ ingredients.add_hooks(
     train_reward_model_ex,
     [_check_config, ingredients.check_environment],
 )
-
-
-def _check_preference_model_kwargs(kwargs: Any) -> None:
-    if not isinstance(kwargs, Mapping):
-        raise ValueError(
-            f"preference_model_kwargs={kwargs!r} must be a dict of PreferenceModel "
-            "arguments (noise_prob, discount_factor, threshold)",
-        )
-    arguments.check_preference_model_values(kwargs, "preference_model_kwargs.")
-
-
-def _check_device(value: Any) -> None:
-    if value == "auto":
-        return
-    try:
-        th.device(value)
-    except (RuntimeError, TypeError) as error:
-        raise ValueError(
-            f"device={value!r} is not a device: give 'auto', 'cpu', 'cuda' or 'cuda:N'",
-        ) from error
-
-
-def _optimizer_class(value: Any) -> type:
-    if isinstance(value, str):
-        cls = getattr(th.optim, value, None)
-        if not (isinstance(cls, type) and issubclass(cls, th.optim.Optimizer)):
-            raise ValueError(
-                f"reward_trainer_kwargs.optimizer_cls={value!r} is not an optimizer "
-                "of torch.optim",
-            )
-        return cls
-    if isinstance(value, type) and issubclass(value, th.optim.Optimizer):
-        return value
-    raise ValueError(
-        f"reward_trainer_kwargs.optimizer_cls={value!r} must be a torch.optim "
-        "optimizer class or its name",
-    )
-
-
-def load_preference_dataset(
-    path: str,
-    trust_pickle: bool = False,
-) -> pc.PreferenceDataset:
-    """Opens a frame store, or loads a pickle saved by imitation's dataset.
-
-    Args:
-        path: A frame-store directory (:meth:`imitation_accum.PreferenceDataset.save`)
-            or a pickle file (imitation's ``PreferenceDataset.save``).
-        trust_pickle: Whether a pickle may be loaded (loading runs any code it
-            holds).
-
-    Returns:
-        The dataset: a memory-mapped :class:`imitation_accum.PreferenceDataset`
-        for a store, imitation's for a pickle.
-
-    Raises:
-        ValueError: naming ``path`` if it is missing, unreadable, a corrupt store
-            (naming the file), not a ``PreferenceDataset``, or a pickle without
-            ``trust_pickle``.
-    """
-    source = pathlib.Path(path)
-    if source.is_dir():
-        return PreferenceDataset.load(source)
-    if not source.is_file():
-        raise ValueError(f"dataset_path={path!r}: no such file")
-    if not trust_pickle:
-        raise ValueError(
-            f"dataset_path={path!r} is a pickle, and loading a pickle runs any code "
-            "it holds: set trust_pickle=True if you trust the file, or convert it "
-            "once with python -m imitation_accum.scripts.convert_preferences "
-            f"{path} OUT and train on OUT",
-        )
-    try:
-        dataset = load_imitation_pickle(source)
-    except Exception as error:
-        raise ValueError(
-            f"dataset_path={path!r} is not a readable PreferenceDataset pickle "
-            f"({type(error).__name__}: {error})",
-        ) from error
-    if not isinstance(dataset, ImitationPreferenceDataset):
-        raise ValueError(
-            f"dataset_path={path!r} holds a {type(dataset).__name__}, not an "
-            "imitation PreferenceDataset",
-        )
-    return dataset
-
-
-def split_held_out(
-    n_pairs: int,
-    fraction: float,
-    seed: int,
-) -> Tuple[np.ndarray, np.ndarray]:
-    """Splits ``range(n_pairs)`` into training and held-out pairs.
-
-    Args:
-        n_pairs: Pairs in the dataset.
-        fraction: Share held out: ``int(n_pairs * fraction)`` pairs.
-        seed: Seed of the split.
-
-    Returns:
-        ``(train_indices, held_out_indices)``, each sorted.
-
-    Raises:
-        ValueError: if a positive ``fraction`` holds out no pair.
-    """
-    n_held_out = int(n_pairs * fraction)
-    if fraction > 0 and n_held_out == 0:
-        raise ValueError(
-            f"held_out_fraction={fraction} of {n_pairs} pairs holds out none; "
-            "raise it, or set it to 0 to hold out nothing",
-        )
-    order = np.random.default_rng(seed).permutation(n_pairs)
-    return np.sort(order[n_held_out:]), np.sort(order[:n_held_out])
-
-
-def subset(
-    dataset: pc.PreferenceDataset,
-    indices: np.ndarray,
-) -> pc.PreferenceDataset:
-    """The pairs ``indices`` of ``dataset``, as a dataset of their own (no copies).
-
-    A frame store gives a ``Subset`` of itself, which the trainers read from the
-    store directly.
-
-    Args:
-        dataset: The whole dataset.
-        indices: Which pairs, in order.
-
-    Returns:
-        A ``PreferenceDataset`` holding the same fragment objects.
-    """
-    if isinstance(dataset, PreferenceDataset):
-        return data_th.Subset(dataset, indices.tolist())  # type: ignore[return-value]
-    part = ImitationPreferenceDataset()
-    part.fragments1 = [dataset.fragments1[i] for i in indices]
-    part.fragments2 = [dataset.fragments2[i] for i in indices]
-    part.preferences = np.asarray(dataset.preferences, dtype=np.float32)[indices]
-    return part
-
-
-def _environment_spaces(config: Mapping[str, Any]) -> types.SimpleNamespace:
-    """The observation and action spaces of ``environment.gym_id``.
-
-    The reward ingredient only reads a venv's spaces; one environment, made and
-    closed here, gives them without any vectorized environment or subprocess.
-    """
-    env = gym.make(config["gym_id"], **config["env_make_kwargs"])
-    try:
-        return types.SimpleNamespace(
-            observation_space=env.observation_space,
-            action_space=env.action_space,
-        )
-    finally:
-        env.close()
-
-
-def _check_dataset(
-    dataset: pc.PreferenceDataset,
-    spaces: types.SimpleNamespace,
-    path: str,
-    gym_id: str,
-) -> None:
-    """Every pair of the file checked against the environment, before any step."""
-    if isinstance(dataset, PreferenceDataset):
-        # A store's frames are checked as a whole first, naming its frames file.
-        dataset.check_observation_space(
-            spaces.observation_space, f"dataset_path={path!r}"
-        )
-    dataset_checks.check_dataset(
-        dataset,
-        spaces.observation_space,
-        spaces.action_space,
-        name=f"dataset_path={path!r}",
-        environment=f"what environment.gym_id={gym_id!r} gives",
-        hint="\nSet environment.gym_id (and env_make_kwargs) to the environment "
-        "the preferences came from, or fix the pairs named.",
-    )
 
 
 def _regularizer_factory(
@@ -430,27 +244,6 @@ def _check_single_net(net: reward_nets.RewardNet) -> None:
             "reward.net_cls: train_reward_model trains a single reward net, not a "
             "RewardEnsemble; train each member as its own run",
         )
-
-
-def _split_digest(indices: np.ndarray) -> str:
-    return hashlib.sha256(np.asarray(indices, dtype=np.int64).tobytes()).hexdigest()
-
-
-def _same_data_on_every_rank(
-    context: distributed.DistributedContext,
-    dataset: Any,
-    path: str,
-) -> str:
-    """The data's fingerprint, checked to be every rank's before training."""
-    value = fingerprint.dataset_fingerprint(dataset)
-    distributed.check_same_on_every_rank(
-        context,
-        "the data",
-        value,
-        shown=f"dataset_path={path!r}, fingerprint {value[:19]}",
-        advice=": every rank must load the same dataset",
-    )
-    return value
 
 
 #: Metadata kept for messages, not compared (a dataset may move).
@@ -599,7 +392,9 @@ def _train(
 ) -> Mapping[str, Any]:
     kwargs = dict(trainer_kwargs)
     epochs = int(kwargs.pop("epochs", 1))
-    kwargs["optimizer_cls"] = _optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
+    kwargs["optimizer_cls"] = config_checks.optimizer_class(
+        kwargs.get("optimizer_cls", "AdamW")
+    )
     batch_size = int(kwargs.get("batch_size", 32))
     distributed.check_batch_size(
         "reward_trainer_kwargs.batch_size",
@@ -611,11 +406,15 @@ def _train(
     # generator (the reward net's initial weights) is seeded from the run's seed.
     th.manual_seed(seed)
 
-    dataset = load_preference_dataset(dataset_path, trust_pickle)
-    spaces = _environment_spaces(environment_config)
-    _check_dataset(dataset, spaces, dataset_path, environment_config["gym_id"])
-    data_fingerprint = _same_data_on_every_rank(context, dataset, dataset_path)
-    train_idx, held_out_idx = split_held_out(
+    dataset = offline_data.load_preference_dataset(dataset_path, trust_pickle)
+    spaces = offline_data.environment_spaces(environment_config)
+    offline_data.check_dataset(
+        dataset, spaces, dataset_path, environment_config["gym_id"]
+    )
+    data_fingerprint = offline_data.same_data_on_every_rank(
+        context, dataset, dataset_path
+    )
+    train_idx, held_out_idx = offline_data.split_held_out(
         len(dataset),
         held_out_fraction,
         held_out_seed,
@@ -629,7 +428,7 @@ def _train(
         )
     metadata = {
         "dataset_pairs": len(dataset),
-        "held_out_split": _split_digest(held_out_idx),
+        "held_out_split": offline_data.split_digest(held_out_idx),
         "dataset_fingerprint": data_fingerprint,
         "dataset_path": str(dataset_path),
     }
@@ -676,8 +475,8 @@ def _train(
                 )
                 checkpoint.save_training_state(captured, state_path)
 
-        train_set = subset(dataset, train_idx)
-        held_out_set = subset(dataset, held_out_idx)
+        train_set = offline_data.subset(dataset, train_idx)
+        held_out_set = offline_data.subset(dataset, held_out_idx)
         history: List[Dict[str, float]] = []
         for epoch in range(first_epoch, epochs):
             trainer.train(train_set)
