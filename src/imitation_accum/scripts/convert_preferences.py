@@ -19,11 +19,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from imitation_accum.preference.dataset import (
-    ImitationPreferenceDataset,
-    PreferenceDataset,
-    load_imitation_pickle,
-)
+from imitation_accum.preference.dataset import PreferenceDataset
+from imitation_accum.scripts import offline_data
 
 #: Pairs pushed at a time (bounds the encoder's temporary arrays).
 _PUSH_PAIRS = 256
@@ -44,17 +41,7 @@ def convert(source: pathlib.Path, target: pathlib.Path) -> PreferenceDataset:
     """
     if not source.is_file():
         raise ValueError(f"{source}: no such file")
-    try:
-        original = load_imitation_pickle(source)
-    except Exception as error:
-        raise ValueError(
-            f"{source} is not a readable PreferenceDataset pickle "
-            f"({type(error).__name__}: {error})",
-        ) from error
-    if not isinstance(original, ImitationPreferenceDataset):
-        raise ValueError(
-            f"{source} holds a {type(original).__name__}, not a PreferenceDataset",
-        )
+    original = offline_data.read_imitation_pickle(source, str(source))
     dataset = PreferenceDataset(max_size=original.max_size)
     preferences = np.asarray(original.preferences, dtype=np.float32)
     for start in range(0, len(original), _PUSH_PAIRS):

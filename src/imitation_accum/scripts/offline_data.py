@@ -59,18 +59,7 @@ def load_preference_dataset(
             "once with python -m imitation_accum.scripts.convert_preferences "
             f"{path} OUT and train on OUT",
         )
-    try:
-        dataset = load_imitation_pickle(source)
-    except Exception as error:
-        raise ValueError(
-            f"dataset_path={path!r} is not a readable PreferenceDataset pickle "
-            f"({type(error).__name__}: {error})",
-        ) from error
-    if not isinstance(dataset, ImitationPreferenceDataset):
-        raise ValueError(
-            f"dataset_path={path!r} holds a {type(dataset).__name__}, not an "
-            "imitation PreferenceDataset",
-        )
+    dataset = read_imitation_pickle(source, f"dataset_path={path!r}")
     return dataset
 
 
@@ -186,3 +175,34 @@ def same_data_on_every_rank(
         advice=": every rank must load the same dataset",
     )
     return value
+
+
+def read_imitation_pickle(
+    source: pathlib.Path, name: str
+) -> ImitationPreferenceDataset:
+    """Loads what imitation's ``PreferenceDataset.save`` wrote (a trusted pickle).
+
+    Args:
+        source: The pickle file.
+        name: How error messages name it.
+
+    Returns:
+        imitation's dataset.
+
+    Raises:
+        ValueError: naming ``name`` if the file does not unpickle, or holds
+            something other than imitation's ``PreferenceDataset``.
+    """
+    try:
+        dataset = load_imitation_pickle(source)
+    except Exception as error:
+        raise ValueError(
+            f"{name} is not a readable PreferenceDataset pickle "
+            f"({type(error).__name__}: {error})",
+        ) from error
+    if not isinstance(dataset, ImitationPreferenceDataset):
+        raise ValueError(
+            f"{name} holds a {type(dataset).__name__}, not an imitation "
+            "PreferenceDataset",
+        )
+    return dataset
