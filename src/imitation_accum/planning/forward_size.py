@@ -142,9 +142,10 @@ class ForwardSizeTuner:
     With several ``thread_options`` every size is timed with each (the CPU is
     shared: fewer threads may be faster), and the pair that is fastest wins.
     With ``budget_transitions`` (one epoch's transitions), the scan stops once a
-    third of it is spent (unless it still improves) and the re-timing of sizes
-    other than the best and its neighbours once two thirds are; the best and
-    its neighbours always get ``repeats`` timings.
+    third of it is spent (unless it still improves), and a size other than the
+    best and its neighbours is re-timed only if the timing, as long as its
+    last, ends before two thirds are; the best and its neighbours always get
+    ``repeats`` timings.
 
     Args:
         repeats: Timings per candidate near the best (their median counts).
@@ -213,9 +214,11 @@ class ForwardSizeTuner:
                 return None
             return budget_transitions * search.best()
 
-        def spent(share: float = 1.0) -> bool:
+        def spent(share: float = 1.0, then: float = 0.0) -> bool:
+            """Whether ``share`` of the budget is spent (``then`` seconds on)."""
             limit = budget()
-            return limit is not None and time.perf_counter() - begin > share * limit
+            elapsed = time.perf_counter() - begin + then
+            return limit is not None and elapsed > share * limit
 
         with cpu_load.intra_op_threads(search.thread_options[0]):
             if warm_up is None:
@@ -251,6 +254,9 @@ class ForwardSizeTuner:
                     slower_in_a_row[threads] += 1
                 else:
                     slower_in_a_row[threads] = 0
+            # Two sizes in a row past the optimum for every count: the scan
+            # ends here (the budget's re-check below would only time again).
+            scanning = [t for t in scanning if slower_in_a_row[t] < 2]
             if not scanning:
                 break
             # The budget ends a scan that no longer improves; one that still
@@ -278,22 +284,28 @@ class ForwardSizeTuner:
         # A scan that improved at every size up to the largest is decided: it
         # ends there whatever more timings say. Otherwise the sizes it skipped
         # next to the best are timed, then the interleaved re-timing: the
-        # contenders until each has `repeats`; the rest until two thirds of
-        # the budget are spent, the last third kept for the contenders.
+        # contenders until each has `repeats`; the rest where a timing ends
+        # before two thirds of the budget, the last third kept for the
+        # contenders.
         decided = search.improved_throughout(max_size)
         if not decided:
             search.fill_gaps(grid)
         for round_index in range(1, 1 if decided else self.repeats):
-            order = search.contenders()
-            if not spent(2 / 3):
-                order = sorted(
-                    set(order) | set(search.near_best()), key=candidate_order
-                )
+            contenders = search.contenders()
+            order = sorted(
+                set(contenders) | set(search.near_best()), key=candidate_order
+            )
             if round_index % 2:
                 order = order[::-1]
             for candidate in order:
-                if len(search.timings[candidate]) <= round_index:
-                    search.measure(candidate)
+                if len(search.timings[candidate]) > round_index:
+                    continue
+                # Another timing of a size near the best but not next to it
+                # must end before two thirds of the budget (as long as its last).
+                extra = candidate not in contenders
+                if extra and spent(2 / 3, then=search.last_seconds.get(candidate, 0.0)):
+                    continue
+                search.measure(candidate)
         search.recheck_neighbours()
         size, threads = search.choice()
         self.last_result = TuningResult(

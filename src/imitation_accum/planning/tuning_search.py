@@ -15,6 +15,7 @@ sizes as they were.
 
 import itertools
 import statistics
+import time
 from typing import (
     TYPE_CHECKING,
     Callable,
@@ -77,10 +78,13 @@ class TuningSearch:
         """Candidates far slower than another thread count: not re-timed."""
         self.wall_ratios: Dict[Optional[int], List[float]] = {}
         """Thread count -> wall-clock over clock seconds of its clocked timings."""
+        self.last_seconds: Dict[Candidate, float] = {}
+        """Wall-clock seconds the last timing of each candidate took."""
 
     def measure(self, candidate: Candidate, ceiling: Optional[float] = None) -> None:
         """Times ``candidate`` once; see :meth:`ceiling` for ``ceiling``."""
         size, threads = candidate
+        begin = time.perf_counter()
         with cpu_load.intra_op_threads(threads):
             if ceiling is None:
                 timing = self.time_per_transition(size)
@@ -93,6 +97,7 @@ class TuningSearch:
             self.wall_ratios.setdefault(threads, []).append(ratio)
             timing = timing.seconds
         self.timings.setdefault(candidate, []).append(timing)
+        self.last_seconds[candidate] = time.perf_counter() - begin
 
     def wall_factor(self, threads: Optional[int]) -> float:
         """Wall-clock seconds per second of ``threads``' clock (1: the wall clock).
