@@ -129,6 +129,24 @@ def test_the_last_third_of_the_budget_is_kept_for_the_contenders(monkeypatch):
     assert clock.now <= 1.2 * tuner.last_result.budget_seconds
 
 
+def test_a_scan_past_the_optimum_ends_without_a_budget_recheck(monkeypatch):
+    """Two sizes in a row slower than the best: the last is timed once.
+
+    The budget's re-check of a size (one noisy timing must not end a scan that
+    still improves) would time it again although the scan ends there anyway:
+    a whole timing of the largest calls so far.
+    """
+    clock = Clock()
+    monkeypatch.setattr(forward_size.time, "perf_counter", clock)
+    curve = Curve(per_call=1e-3, per_transition=1e-3, cache_size=8, clock=clock)
+    tuner = planning.ForwardSizeTuner()
+    # A third of this budget is spent while size 32 (the second size past the
+    # optimum) is timed, not before.
+    assert tuner.tune(curve, 4096, budget_transitions=800) == 8
+    assert curve.sizes.count(32) == 1
+    assert max(curve.sizes) == 32
+
+
 def test_an_improving_scan_runs_past_the_budget(monkeypatch):
     """Calls dominated by fixed costs: every doubling still pays, so go on."""
     clock = Clock()
