@@ -41,7 +41,7 @@ class PairChunk:
     discounts: Tuple[Optional[th.Tensor], Optional[th.Tensor]]
     """Per-transition discount weights of each side (``None`` for a discount of 1)."""
     staged: Optional[Tuple[StagedSide, StagedSide]] = None
-    """Each side's inputs converted once for the batch (small inputs only)."""
+    """Each side's inputs for this chunk: views of the batch's, converted once."""
 
     @property
     def n_pairs(self) -> int:
