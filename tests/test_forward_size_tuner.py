@@ -141,10 +141,51 @@ def test_a_scan_past_the_optimum_ends_without_a_budget_recheck(monkeypatch):
     curve = Curve(per_call=1e-3, per_transition=1e-3, cache_size=8, clock=clock)
     tuner = planning.ForwardSizeTuner()
     # A third of this budget is spent while size 32 (the second size past the
-    # optimum) is timed, not before.
-    assert tuner.tune(curve, 4096, budget_transitions=800) == 8
+    # optimum) is timed, not before, nor by 32's timing as foreseen from 16's.
+    assert tuner.tune(curve, 4096, budget_transitions=900) == 8
     assert curve.sizes.count(32) == 1
     assert max(curve.sizes) == 32
+
+
+def test_a_flat_scan_ends_before_a_timing_that_would_pass_its_share(monkeypatch):
+    """Past the optimum, the next size's timing would spend the scan's third.
+
+    Size 16 is past a cache cliff; 32, as slow per transition at least, would
+    take the scan past its share of the budget: the scan ends at 16.
+    """
+    clock = Clock()
+    monkeypatch.setattr(forward_size.time, "perf_counter", clock)
+    curve = Curve(per_call=1e-3, per_transition=1e-3, cache_size=8, clock=clock)
+    tuner = planning.ForwardSizeTuner()
+    assert tuner.tune(curve, 4096, budget_transitions=800) == 8
+    assert 32 not in curve.sizes
+
+
+class TableCurve(Curve):
+    """Seconds per transition read from a table (size -> seconds)."""
+
+    def __init__(self, table, clock):
+        super().__init__(per_call=0.0, per_transition=0.0, clock=clock)
+        self.table = table
+
+    def cost(self, size):
+        return self.table[size]
+
+
+def test_a_flattened_scan_ends_at_the_budget_without_a_recheck(monkeypatch):
+    """No re-check of the last size where the sizes before it stopped improving.
+
+    The re-check guards scans that halve their time with every doubling; here
+    sizes 8 and 16 are no faster than 4, and 32 is past a cliff: timing it
+    again would cost the most of any timing.
+    """
+    clock = Clock()
+    monkeypatch.setattr(forward_size.time, "perf_counter", clock)
+    table = {1: 1.3e-3, 2: 1.1e-3, 4: 1.0e-3, 8: 1.06e-3, 16: 1.1e-3, 32: 3e-3}
+    curve = TableCurve(table, clock)
+    tuner = planning.ForwardSizeTuner()
+    assert tuner.tune(curve, 4096, budget_transitions=700) == 4
+    assert curve.sizes.count(32) == 1
 
 
 def test_an_improving_scan_runs_past_the_budget(monkeypatch):
@@ -230,7 +271,8 @@ def test_a_timing_stops_at_its_ceiling(monkeypatch):
     per_transition = planning_workload.time_per_transition(
         workload, 2, limit=64, transitions=32
     )
-    assert len(workload.calls) == 8  # no ceiling: every call (eight at most)
+    # No ceiling: every call, as many as a timing runs at most.
+    assert len(workload.calls) == planning_workload.MAX_CALLS_PER_TIMING == 4
     workload.calls.clear()
     per_transition = planning_workload.time_per_transition(
         workload, 2, limit=64, transitions=32, ceiling=1e-3
@@ -238,7 +280,7 @@ def test_a_timing_stops_at_its_ceiling(monkeypatch):
     assert workload.calls == [(0, 2)]
     assert per_transition >= 0.01 / 2
     # Calls that long: the timing ends once its forward calls passed
-    # TIMING_FORWARD_SECONDS (set to 25 ms here): after three calls, not eight.
+    # TIMING_FORWARD_SECONDS (set to 25 ms here): after three calls, not four.
     workload.calls.clear()
     monkeypatch.setattr(planning_workload, "TIMING_FORWARD_SECONDS", 0.025)
     per_transition = planning_workload.time_per_transition(
@@ -293,10 +335,37 @@ def test_oversubscription_from_runnable_count(tmp_path, monkeypatch, runnable, b
     assert not cpu_load.oversubscribed(threads=1) or runnable == "5/300"
 
 
+@pytest.mark.parametrize(
+    ("readings", "busy", "read"),
+    [
+        ([1, 1, 5], False, 2),  # two agree: no third reading
+        ([5, 5, 1], True, 2),
+        ([1, 5, 5], True, 3),  # they disagree: the third settles it
+        ([5, 1, 1], False, 3),
+    ],
+)
+def test_load_readings_agree_or_a_third_settles(monkeypatch, readings, busy, read):
+    events = []
+
+    def reading():
+        events.append("read")
+        return readings[events.count("read") - 1]
+
+    monkeypatch.setattr(cpu_load, "read_runnable", reading)
+    monkeypatch.setattr(cpu_load, "cpu_count", lambda: 2)
+    found = cpu_load.oversubscribed(threads=1, between=lambda: events.append("work"))
+    assert found == busy
+    assert events.count("read") == read
+    assert events[:3] == ["read", "work", "read"]  # the work spaces the first two
+
+
 def test_unreadable_load_is_not_busy(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_load, "LOADAVG", str(tmp_path / "missing"))
-    assert cpu_load.runnable_threads() is None
+    assert cpu_load.read_runnable() is None
     assert not cpu_load.oversubscribed()
+    ran = []
+    assert not cpu_load.oversubscribed(between=lambda: ran.append(True))
+    assert ran == [True]  # the work between the readings runs all the same
 
 
 def tuned_planner(name, **tuning):
@@ -375,8 +444,10 @@ def test_the_load_check_counts_as_tuning(rng, monkeypatch):
     """Reading the machine's load is part of what forward_size="auto" costs."""
     import time
 
-    def slow_check(threads=None):
+    def slow_check(threads=None, between=None):
         time.sleep(0.2)
+        if between is not None:
+            between()
         return False
 
     monkeypatch.setattr(cpu_load, "oversubscribed", slow_check)

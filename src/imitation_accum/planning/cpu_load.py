@@ -11,37 +11,32 @@ that the forward-size tuner can time calls both ways and keep the faster;
 
 import contextlib
 import os
-import statistics
 import time
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, List, Optional
 
 import torch as th
 
 LOADAVG = "/proc/loadavg"
-#: Readings of the runnable count taken (the median counts): one is a snapshot.
-#: A competing job's threads are runnable nearly all the time; a few readings
-#: half a millisecond apart see them (each sleep adds to the first train()).
+#: Readings of the runnable count taken at most (the majority decides): one is a
+#: snapshot. A competing job's threads are runnable nearly all the time; two
+#: readings apart that agree decide, a third settles a disagreement.
 LOAD_SAMPLES = 3
+#: Seconds between readings where no work spaces them (each sleep adds to the
+#: first train()).
 LOAD_SAMPLE_INTERVAL_SECONDS = 0.0005
 
 
-def runnable_threads(samples: int = LOAD_SAMPLES) -> Optional[int]:
-    """Threads runnable on the machine now (the median of a few readings).
+def read_runnable() -> Optional[int]:
+    """Threads runnable on the machine now, this one included (one reading).
 
-    The fourth field of ``/proc/loadavg`` counts running and ready threads,
-    this one included; ``None`` where the file does not exist (not Linux).
+    The fourth field of ``/proc/loadavg`` counts running and ready threads;
+    ``None`` where the file does not exist (not Linux).
     """
-    readings = []
-    for index in range(samples):
-        try:
-            with open(LOADAVG) as loadavg:
-                running = loadavg.read().split()[3].split("/")[0]
-        except (OSError, IndexError):
-            return None
-        readings.append(int(running))
-        if index + 1 < samples:
-            time.sleep(LOAD_SAMPLE_INTERVAL_SECONDS)
-    return int(statistics.median(readings))
+    try:
+        with open(LOADAVG) as loadavg:
+            return int(loadavg.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def cpu_count() -> int:
@@ -52,22 +47,42 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def oversubscribed(threads: Optional[int] = None) -> bool:
+def oversubscribed(
+    threads: Optional[int] = None,
+    between: Optional[Callable[[], object]] = None,
+) -> bool:
     """Whether ``threads`` more intra-op threads would find the cores taken.
+
+    Two readings of the runnable count decide where they agree; a third settles
+    a disagreement (the majority counts).
 
     Args:
         threads: The threads this process would run (default: torch's
             intra-op count).
+        between: Work run between the first two readings, which it spaces
+            instead of a sleep (the tuner's first calls, for instance).
 
     Returns:
         True when the other runnable threads plus ``threads`` exceed the cores.
     """
     threads = th.get_num_threads() if threads is None else threads
-    runnable = runnable_threads()
-    if runnable is None:
-        return False
-    others = max(0, runnable - 1)  # the thread reading the count is ours
-    return others + threads > cpu_count()
+    cores = cpu_count()
+    verdicts: List[bool] = []
+    for index in range(LOAD_SAMPLES):
+        if index == 1 and between is not None:
+            between()
+        elif index:
+            time.sleep(LOAD_SAMPLE_INTERVAL_SECONDS)
+        runnable = read_runnable()
+        if runnable is None:
+            if between is not None and index == 0:
+                between()
+            return False
+        others = max(0, runnable - 1)  # the thread reading the count is ours
+        verdicts.append(others + threads > cores)
+        if len(verdicts) == 2 and verdicts[0] == verdicts[1]:
+            break
+    return sum(verdicts) * 2 > len(verdicts)
 
 
 def call_clock(busy: bool) -> Callable[[], float]:

@@ -142,7 +142,9 @@ class ForwardSizeTuner:
     With several ``thread_options`` every size is timed with each (the CPU is
     shared: fewer threads may be faster), and the pair that is fastest wins.
     With ``budget_transitions`` (one epoch's transitions), the scan stops once a
-    third of it is spent (unless it still improves), and a size other than the
+    third of it is spent, or would be by the next size's timing, unless it
+    still improves (a size that does not, after one that did, is re-timed
+    before the scan ends), and a size other than the
     best and its neighbours is re-timed only if the timing, as long as its
     last, ends before two thirds are; the best and its neighbours always get
     ``repeats`` timings.
@@ -220,6 +222,11 @@ class ForwardSizeTuner:
             elapsed = time.perf_counter() - begin + then
             return limit is not None and elapsed > share * limit
 
+        def improved_before(size: Optional[int], counts: List[Optional[int]]) -> bool:
+            """Whether ``size`` (timed before) improved for one of ``counts``."""
+            timed = [t for t in counts if (size, t) in search.timings]
+            return size is not None and search.improving(size, timed)
+
         with cpu_load.intra_op_threads(search.thread_options[0]):
             if warm_up is None:
                 time_per_transition(1)  # first calls, allocator: not counted
@@ -259,13 +266,25 @@ class ForwardSizeTuner:
             scanning = [t for t in scanning if slower_in_a_row[t] < 2]
             if not scanning:
                 break
-            # The budget ends a scan that no longer improves; one that still
-            # does (calls dominated by fixed costs) runs on, each size costing
-            # about as much as the last. The scan keeps a share of the budget
-            # for re-timing the contenders.
-            if spent(1 / self.repeats) and not search.improving(size, scanning):
-                # Re-checked first: one noisy timing must not end a scan that
-                # halves the time per transition with every doubling.
+            # The budget ends a scan that no longer improves once its share is
+            # spent, or would be by the next size's timing (taken as slow per
+            # transition as this one's: past a cache cliff it is slower still);
+            # one that still improves (calls dominated by fixed costs) runs on,
+            # each size costing about as much as the last. The scan keeps a
+            # share of the budget for re-timing the contenders.
+            upcoming = 0.0
+            if index + 1 < len(grid):
+                this = max(search.last_seconds.get((size, t), 0.0) for t in scanning)
+                upcoming = this * grid[index + 1] / size
+            if spent(1 / self.repeats, then=upcoming) and not search.improving(
+                size, scanning
+            ):
+                # Re-checked first where the size before it still improved: one
+                # noisy timing must not end a scan that halves the time per
+                # transition with every doubling. A scan that had flattened
+                # ends (the re-check would time its largest calls yet again).
+                if not improved_before(previous, scanning):
+                    break
                 for threads in scanning:
                     search.measure((size, threads))
                 if not search.improving(size, scanning):

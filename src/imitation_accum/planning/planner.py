@@ -66,6 +66,10 @@ def _no_log(message: str) -> None:
     del message
 
 
+def _ran_already() -> None:
+    """A warm-up that has run already."""
+
+
 class Planner:
     """Decides each step's chunks, reward-net call size and pass count.
 
@@ -138,8 +142,19 @@ class Planner:
         if tuned:
             return self.forward_sizes.size(workload.key, limit, lambda size: 0.0)
         begin = time.perf_counter()  # the load check counts as tuning too
+        on_cpu = workload.device.type == "cpu"
+
+        def first_calls() -> None:
+            # Two calls of one transition: the first calls' costs, not a timing.
+            # One intra-op thread on a CPU: a team may wait for taken cores.
+            with cpu_load.intra_op_threads(1 if on_cpu else None):
+                time_per_transition(workload, 1, limit=limit, transitions=2)
+
+        # The first calls space the load readings (no sleep between them).
+        busy = on_cpu and cpu_load.oversubscribed(between=first_calls)
+        if not on_cpu:
+            first_calls()
         thread_options: List[Optional[int]] = [None]
-        busy = workload.device.type == "cpu" and cpu_load.oversubscribed()
         if busy and th.get_num_threads() > 1:
             thread_options.insert(0, 1)  # first: a team may wait for taken cores
         epoch = getattr(workload, "epoch_transitions", None)
@@ -155,8 +170,7 @@ class Planner:
             ),
             thread_options=thread_options,
             oversubscribed=busy,
-            # Two calls of one transition: the first calls' costs, not a timing.
-            warm_up=functools.partial(timing, 1, transitions=2),
+            warm_up=_ran_already,  # the first calls ran between the load readings
         )
         self.tuning_seconds += time.perf_counter() - begin
         result = self.forward_sizes.results.get(workload.key)

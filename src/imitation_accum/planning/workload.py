@@ -30,11 +30,11 @@ from imitation_accum.planning.tuning_search import ClockedTiming
 MEASUREMENTS_PER_EPOCH = 32
 MAX_MEASUREMENT_TRANSITIONS = 256
 #: Calls one timing runs at most (at least two).
-MAX_CALLS_PER_TIMING = 8
+MAX_CALLS_PER_TIMING = 4
 #: A timing stops after the call that brings its forward calls past this many
 #: seconds, even at one call: calls that long time steadily one by one, and a
 #: heavy net's timings (Atari frames on a busy CPU) would take seconds each.
-TIMING_FORWARD_SECONDS = 0.1
+TIMING_FORWARD_SECONDS = 0.05
 
 #: ``call(start, stop)``: one reward-net call on transitions ``[start, stop)``.
 NetCall = Callable[[int, int], th.Tensor]
