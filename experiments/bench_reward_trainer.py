@@ -843,6 +843,7 @@ def memory_table(out_dir: Path, epochs: int, quick=False) -> None:
             f"| {m['training_memory_mib']:.0f} | {m['seconds_per_epoch']:.2f} "
             f"| {m['forward_size']} |",
         )
+    lines += ["", f"Each point in a fresh process; commit {_results_commit()}."]
     write(out_dir / "bench_reward_trainer_memory.md", lines)
 
 

@@ -9,8 +9,7 @@ import pytest
 import torch as th
 
 from imitation_accum import planning
-from imitation_accum.planning import budget, probe
-from imitation_accum.planning import planner as planner_module
+from imitation_accum.planning import budget, call_tuning, probe
 from imitation_accum.preference import pair_table
 from tests import reference as ref
 from tests.test_preference_exactness import TOL, make_net, make_trainer
@@ -239,7 +238,7 @@ def plan(planner, lengths, *, tuned=4, timings=None):
         calls.append((n_transitions, size))
         return timings
 
-    with mock.patch.object(planner_module, "time_passes", time_passes):
+    with mock.patch.object(call_tuning, "time_passes", time_passes):
         result = planner.plan(np.asarray(lengths), FakeWorkload())
     return result, calls
 

@@ -14,16 +14,15 @@ Two passes are chosen when one item alone exceeds the memory cap, when asked for
 one pass keeps the graphs of all of a chunk's calls alive until its backward,
 while two passes free each call's graph at once at the price of one more forward
 without gradient. With ``forward_size="auto"`` the planner times both on the first
-chunk of the first batch, chooses the faster and logs the choice.
+chunk of the first batch, chooses the faster and logs the choice; what it times
+(call sizes, passes, threads) is its
+:class:`~imitation_accum.planning.call_tuning.CallTuning`.
 """
 
-import functools
 import time
 from typing import (
     Callable,
-    Dict,
     Hashable,
-    List,
     Optional,
     Tuple,
     TypeVar,
@@ -34,40 +33,21 @@ import numpy as np
 import torch as th
 
 from imitation_accum.planning import budget, cpu_load, oom, probe
-from imitation_accum.planning.call_timing import (
-    REPEATS,
-    time_passes,
-)
+from imitation_accum.planning.call_tuning import CallTuning
 from imitation_accum.planning.forward_size import (
     ForwardSizes,
     TuningResult,
 )
 from imitation_accum.planning.plan import StepPlan, as_sides, pair_chunks
-from imitation_accum.planning.thread_trial import ThreadTrial
 from imitation_accum.planning.workload import (
     Workload,
-    measurement_transitions,
-    time_per_transition,
 )
-
-#: Two passes are chosen for speed only if they take under this share of one pass.
-TWO_PASS_MARGIN = 0.9
-#: Tuning (forward size, then one pass against two) may take about this many
-#: epochs' worth of reward-net work.
-TUNING_BUDGET_EPOCHS = 1.0
-#: Work of timing one pass and two passes, ``REPEATS`` times each, in units of
-#: one pass (two passes run a forward more).
-PASS_TIMING_PASSES = REPEATS * 2.5
 
 ResultT = TypeVar("ResultT")
 
 
 def _no_log(message: str) -> None:
     del message
-
-
-def _ran_already() -> None:
-    """A warm-up that has run already."""
 
 
 class Planner:
@@ -100,19 +80,31 @@ class Planner:
         self.forward_size = forward_size
         self.two_pass = two_pass
         self.log = log
-        self.forward_sizes = forward_sizes or ForwardSizes()
+        self.tuning = CallTuning(
+            forward_sizes or ForwardSizes(),
+            log=lambda message: self.log(message),
+        )
+        """What ``forward_size="auto"`` timed: call sizes, passes, threads."""
         self.budget_cap: Optional[int] = None
         """Units per chunk that fit the memory budget."""
         self.backed_off_cap: Optional[int] = None
         """Units per chunk left by out-of-memory back-offs."""
         self.profile: Optional[probe.ActivationProfile] = None
         self.profile_key: Optional[Hashable] = None
-        # (chunk transitions, forward size) -> (two-pass?, t_one, t_two)
-        self.timings: Dict[Tuple[int, int], Tuple[bool, float, float]] = {}
-        self.tuning_seconds = 0.0
+
+    @property
+    def forward_sizes(self) -> ForwardSizes:
+        """The tuned call sizes (shared by ensemble members)."""
+        return self.tuning.forward_sizes
+
+    @forward_sizes.setter
+    def forward_sizes(self, sizes: ForwardSizes) -> None:
+        self.tuning.forward_sizes = sizes
+
+    @property
+    def tuning_seconds(self) -> float:
         """Wall-clock seconds spent timing calls (forward size, passes)."""
-        self.thread_trial = ThreadTrial(log=lambda message: self.log(message))
-        """On a busy CPU, which intra-op thread count the steps run with."""
+        return self.tuning.seconds
 
     @property
     def chunk_cap(self) -> Optional[int]:
@@ -138,60 +130,19 @@ class Planner:
             return min(int(self.forward_size), limit)
         if workload is None:
             raise ValueError("forward_size='auto' needs a workload to time")
-        tuned = workload.key in self.forward_sizes.found
-        if tuned:
-            return self.forward_sizes.size(workload.key, limit, lambda size: 0.0)
-        begin = time.perf_counter()  # the load check counts as tuning too
-        on_cpu = workload.device.type == "cpu"
-
-        def first_calls() -> None:
-            # Two calls of one transition: the first calls' costs, not a timing.
-            # One intra-op thread on a CPU: a team may wait for taken cores.
-            with cpu_load.intra_op_threads(1 if on_cpu else None):
-                time_per_transition(workload, 1, limit=limit, transitions=2)
-
-        # The first calls space the load readings (no sleep between them).
-        busy = on_cpu and cpu_load.oversubscribed(between=first_calls)
-        if not on_cpu:
-            first_calls()
-        thread_options: List[Optional[int]] = [None]
-        if busy and th.get_num_threads() > 1:
-            thread_options.insert(0, 1)  # first: a team may wait for taken cores
-        epoch = getattr(workload, "epoch_transitions", None)
-        timing = functools.partial(
-            time_per_transition, workload, limit=limit, busy=busy
-        )
-        size = self.forward_sizes.size(
-            workload.key,
-            limit,
-            functools.partial(timing, transitions=measurement_transitions(epoch)),
-            budget_transitions=(
-                None if epoch is None else int(TUNING_BUDGET_EPOCHS * epoch)
-            ),
-            thread_options=thread_options,
-            oversubscribed=busy,
-            warm_up=_ran_already,  # the first calls ran between the load readings
-        )
-        self.tuning_seconds += time.perf_counter() - begin
-        result = self.forward_sizes.results.get(workload.key)
-        if result is None:
-            self.log(f"forward_size: {size} transitions per reward-net call")
-            return size
-        self.log(result.describe())
-        return size
+        return self.tuning.call_size(workload, limit)
 
     def threads(self, workload: Optional[Workload]) -> Optional[int]:
         """Intra-op threads the workload's calls were tuned to (``None``: as set)."""
         if workload is None or self.forward_size != "auto":
             return None
-        return self.forward_sizes.threads(workload.key)
+        return self.tuning.threads(workload)
 
     def _thread_trial(self, workload: Optional[Workload]) -> Optional[TuningResult]:
         """The tuning whose thread count is still being tried on steps, if any."""
         if workload is None or self.forward_size != "auto":
             return None
-        result = self.forward_sizes.results.get(workload.key)
-        return result if self.thread_trial.pending(result) else None
+        return self.tuning.trial(workload)
 
     def plan(
         self,
@@ -239,7 +190,7 @@ class Planner:
             and size < first
             and workload is not None
         ):
-            two_pass, reason = self._faster_mode(workload, first, size)
+            two_pass, reason = self.tuning.faster_mode(workload, first, size)
         else:
             two_pass, reason = False, "calls span whole chunks"
         if two_pass:
@@ -311,7 +262,7 @@ class Planner:
                 threads = (
                     self.threads(workload)
                     if trial is None
-                    else self.thread_trial.next_threads(trial)
+                    else self.tuning.thread_trial.next_threads(trial)
                 )
                 with cpu_load.intra_op_threads(threads):
                     begin = time.perf_counter()
@@ -319,7 +270,9 @@ class Planner:
                 if trial is not None:
                     seconds = time.perf_counter() - begin
                     transitions = sum(plan.chunk_transitions)
-                    self.thread_trial.record(trial, threads, seconds, transitions)
+                    self.tuning.thread_trial.record(
+                        trial, threads, seconds, transitions
+                    )
                 return plan, result
             except th.OutOfMemoryError as error:
                 cap = self.back_off(plan, error)
@@ -380,72 +333,3 @@ class Planner:
             )
         self.budget_cap = cap
         return in_bytes
-
-    def _faster_mode(
-        self,
-        workload: Workload,
-        n_transitions: int,
-        size: int,
-    ) -> Tuple[bool, str]:
-        key = (n_transitions, size)
-        if key not in self.timings:
-            timed = self._pass_timing_transitions(workload, n_transitions, size)
-            if timed is None:
-                self.timings[key] = (False, float("nan"), float("nan"))
-                self.log(
-                    "two_pass: not timed, the tuning budget (about one epoch) is "
-                    "spent: one pass",
-                )
-                return False, "tuning budget spent"
-            begin = time.perf_counter()
-            call, available = workload.sample(timed)
-            result = self.forward_sizes.results.get(workload.key)
-            busy = result is not None and result.oversubscribed
-            with (
-                workload.measuring(),
-                cpu_load.intra_op_threads(self.threads(workload)),
-            ):
-                t_one, t_two = time_passes(
-                    call,
-                    min(timed, available),
-                    size,
-                    list(workload.params),
-                    workload.device,
-                    clear_ratio=1.0,  # two passes no faster at all: one pass
-                    clock=cpu_load.call_clock(busy),
-                )
-            self.tuning_seconds += time.perf_counter() - begin
-            # Two passes do a forward more: only a clear gain is worth it.
-            faster = t_two < TWO_PASS_MARGIN * t_one
-            self.timings[key] = (faster, t_one, t_two)
-            self.log(
-                f"two_pass: {t_two:.3g} s vs one pass {t_one:.3g} s over "
-                f"{min(timed, available)} transitions in calls of {size} "
-                f"(median of up to {REPEATS}): "
-                f"{'two passes' if faster else 'one pass'}",
-            )
-        two_pass, t_one, t_two = self.timings[key]
-        if np.isnan(t_one):
-            return two_pass, "tuning budget spent"
-        return two_pass, f"measured {t_two:.3g} s two-pass vs {t_one:.3g} s one-pass"
-
-    def _pass_timing_transitions(
-        self,
-        workload: Workload,
-        n_transitions: int,
-        size: int,
-    ) -> Optional[int]:
-        """Transitions to time one pass against two over, within the budget.
-
-        ``None`` when what is left of the tuning budget does not cover two calls.
-        """
-        epoch = getattr(workload, "epoch_transitions", None)
-        result = self.forward_sizes.results.get(workload.key)
-        if epoch is None or result is None:
-            return n_transitions
-        per_transition = result.chosen_seconds()
-        left = TUNING_BUDGET_EPOCHS * epoch * per_transition - result.seconds
-        affordable = int(left / (PASS_TIMING_PASSES * per_transition))
-        if affordable < 2 * size:
-            return None
-        return min(n_transitions, affordable)
