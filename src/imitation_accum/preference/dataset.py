@@ -25,8 +25,7 @@ Example:
 """
 
 import pathlib
-import pickle
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from imitation.algorithms import preference_comparisons as pc
@@ -34,7 +33,12 @@ from imitation.data import types
 from imitation.util import util
 
 from imitation_accum.io import frame_store
-from imitation_accum.preference import frame_stacks, info_codec
+from imitation_accum.preference import (
+    dataset_store,
+    fragment_views,
+    frame_stacks,
+    info_codec,
+)
 from imitation_accum.preference.row_store import RowStore
 
 AnyPath = types.AnyPath
@@ -45,16 +49,6 @@ ImitationPreferenceDataset = pc.PreferenceDataset
 
 # Columns of the per-fragment index.
 _OBS, _TRANS, _LENGTH, _TERMINAL, _FRAME, _HAS_REWS = range(6)
-_ARRAYS = (
-    "frames",
-    "obs_frames",
-    "acts",
-    "rews",
-    "fragments",
-    "preferences",
-    "infos",  # each fragment's infos, JSON bytes end to end
-    "info_spans",  # per fragment: where its infos start in infos, and their size
-)
 
 
 class PreferenceDataset(ImitationPreferenceDataset):
@@ -97,19 +91,19 @@ class PreferenceDataset(ImitationPreferenceDataset):
             firsts = [self._fragment(2 * i) for i in pairs]
             seconds = [self._fragment(2 * i + 1) for i in pairs]
             return (firsts, seconds), self.preferences[key]
-        i = _position(key, len(self))
+        i = fragment_views.position(key, len(self))
         pair = (self._fragment(2 * i), self._fragment(2 * i + 1))
         return pair, self.preferences[i]
 
     @property
     def fragments1(self) -> Sequence[Fragment]:  # type: ignore[override]
         """The first fragments, materialized on access (read-only)."""
-        return _Fragments(self, 0)
+        return fragment_views.SideFragments(self, 0)
 
     @property
     def fragments2(self) -> Sequence[Fragment]:  # type: ignore[override]
         """The second fragments, materialized on access (read-only)."""
-        return _Fragments(self, 1)
+        return fragment_views.SideFragments(self, 1)
 
     @property
     def preferences(self) -> np.ndarray:  # type: ignore[override]
@@ -327,41 +321,10 @@ class PreferenceDataset(ImitationPreferenceDataset):
 
     def _arrays(self) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
         """Blocks, shapes and metadata of the store file format (ids from 0)."""
-        cols = self._columns
-        fragments = cols["fragments"].to_array()
-        if len(fragments):
-            fragments = fragments - np.array(
-                [
-                    cols["obs_frames"].first,
-                    cols["acts"].first,
-                    0,
-                    0,
-                    cols["frames"].first,
-                    0,
-                ],
-            )
-        small = {
-            "obs_frames": cols["obs_frames"].to_array() - cols["frames"].first,
-            "fragments": fragments,
-            "info_spans": cols["info_spans"].to_array()
-            - np.array([cols["infos"].first, 0]),
-        }
-        blocks = {
-            name: [small[name]] if name in small else cols[name].blocks()
-            for name in _ARRAYS
-        }
-        shapes = {
-            name: ((len(cols[name]), *cols[name].row_shape), cols[name].dtype)
-            for name in _ARRAYS
-        }
         assert self._layout is not None
-        metadata = {
-            "obs_shape": list(self._layout.obs_shape),
-            "channels": self._layout.channels,
-            "n_pairs": len(self),
-            "max_size": self.max_size,
-        }
-        return blocks, shapes, metadata
+        return dataset_store.store_arrays(
+            self._columns, self._layout, n_pairs=len(self), max_size=self.max_size
+        )
 
     def save(self, path: AnyPath) -> None:
         """Writes the dataset as a frame store: a directory (see :meth:`load`).
@@ -402,20 +365,11 @@ class PreferenceDataset(ImitationPreferenceDataset):
             imitation_accum.io.frame_store.StoreError: naming the file, if the
                 store is missing, truncated, corrupt or of another version.
         """
-        from imitation_accum.preference import store_checks
-
         directory = util.parse_path(path)
-        manifest = frame_store.read_manifest(directory)
-        arrays = {
-            name: frame_store.open_array(
-                directory, manifest, name, verify=verify or name != "frames"
-            )
-            for name in _ARRAYS
-        }
-        layout = store_checks.check_store(directory, manifest, arrays)
+        manifest, layout, columns = dataset_store.open_store(directory, verify=verify)
         dataset = PreferenceDataset(max_size=manifest["metadata"].get("max_size"))
         dataset._layout = layout
-        dataset._columns = {name: RowStore.of_array(a) for name, a in arrays.items()}
+        dataset._columns = columns
         dataset._fingerprint = frame_store.fingerprint_of(manifest)
         dataset._source = directory
         return dataset
@@ -463,30 +417,6 @@ class PreferenceDataset(ImitationPreferenceDataset):
             )
 
 
-class _ImitationUnpickler(pickle.Unpickler):
-    # Resolves imitation's dataset class to imitation's, also under patch().
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) == (pc.__name__, "PreferenceDataset"):
-            return ImitationPreferenceDataset
-        return super().find_class(module, name)
-
-
-def load_imitation_pickle(path: AnyPath) -> Any:
-    """Unpickles what imitation's ``PreferenceDataset.save`` wrote to ``path``.
-
-    Loading a pickle runs any code it holds: only for files you trust. Under
-    ``patch()`` too, the dataset comes back as imitation's class.
-
-    Args:
-        path: The pickle file.
-
-    Returns:
-        The unpickled object (check its type).
-    """
-    with open(util.parse_path(path), "rb") as file:
-        return _ImitationUnpickler(file).load()
-
-
 def _check_alike(frag: Fragment, reference: Fragment, name: str) -> None:
     obs, ref = np.asarray(frag.obs), np.asarray(reference.obs)
     if (obs.shape[1:], obs.dtype) != (ref.shape[1:], ref.dtype):
@@ -500,42 +430,6 @@ def _check_alike(frag: Fragment, reference: Fragment, name: str) -> None:
             f"{name} has actions {acts.dtype} {acts.shape[1:]}, but "
             f"fragments[0][0] has {ref_acts.dtype} {ref_acts.shape[1:]}",
         )
-
-
-def _position(key: Any, n: int) -> int:
-    i = int(key)
-    if i < 0:
-        i += n
-    if not 0 <= i < n:
-        raise IndexError(f"index {key} out of range for {n} pairs")
-    return i
-
-
-class _Fragments(Sequence[Fragment]):
-    """One side's fragments of a dataset, materialized on access."""
-
-    def __init__(self, dataset: PreferenceDataset, side: int) -> None:
-        self._dataset = dataset
-        self._side = side
-
-    def __len__(self) -> int:
-        return len(self._dataset)
-
-    def __getitem__(self, key):
-        if isinstance(key, slice):
-            return [self[i] for i in range(len(self))[key]]
-        i = _position(key, len(self))
-        return self._dataset._fragment(2 * i + self._side)
-
-    def __iter__(self) -> Iterator[Fragment]:
-        return (self[i] for i in range(len(self)))
-
-    def __add__(self, other: Sequence[Fragment]) -> List[Fragment]:
-        # imitation's fragments are lists; code that concatenates them keeps working.
-        return [*self, *other]
-
-    def __radd__(self, other: Sequence[Fragment]) -> List[Fragment]:
-        return [*other, *self]
 
 
 __all__: List[str] = ["PreferenceDataset"]

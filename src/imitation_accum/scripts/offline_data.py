@@ -22,8 +22,8 @@ from imitation_accum.preference import dataset_checks
 from imitation_accum.preference.dataset import (
     ImitationPreferenceDataset,
     PreferenceDataset,
-    load_imitation_pickle,
 )
+from imitation_accum.preference.imitation_pickle import load_imitation_pickle
 
 
 def load_preference_dataset(
