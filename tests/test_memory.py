@@ -1,15 +1,13 @@
-"""memory_budget: parsing, the saved-bytes probe, chunk sizing, the planner."""
+"""memory_budget: parsing, the saved-bytes probe, chunk sizing, planning."""
 
-import contextlib
 import copy
-from unittest import mock
 
 import numpy as np
 import pytest
 import torch as th
 
 from imitation_accum import planning
-from imitation_accum.planning import budget, call_tuning, probe
+from imitation_accum.planning import budget, probe
 from imitation_accum.preference import pair_table
 from tests import reference as ref
 from tests.test_preference_exactness import TOL, make_net, make_trainer
@@ -149,7 +147,7 @@ def budget_for(net, dataset, n_transitions, **kwargs):
     probe_trainer = make_trainer(copy.deepcopy(net), batch_size=len(dataset), **kwargs)
     probe_trainer._task.refresh_device()
     table = pair_table.read_preferences(dataset)
-    profile = probe_trainer._probe(table)
+    profile = probe_trainer._profile(table)
     return int(profile.chunk_bytes(n_transitions, n_transitions))
 
 
@@ -174,7 +172,7 @@ def test_budget_sizes_chunks_in_transitions_and_stays_exact(
         optimizer_cls=th.optim.SGD,
     )
     trainer.train(dataset)
-    assert trainer.planner.chunk_cap == cap
+    assert trainer.last_policy.chunk_cap == cap
     logged = trainer.logger.name_to_value
     assert logged["reward/final/train/two_pass"] == two_pass
     assert logged["reward/final/train/chunk_transitions"] <= cap
@@ -212,83 +210,42 @@ def test_pair_chunks_respect_both_limits_and_cover_in_order(max_items, max_trans
         assert not over or s.stop - s.start == 1  # only a lone, too-large item
 
 
-class FakeWorkload:
-    """Calls the planner may time, with a forward size tuned beforehand."""
-
-    key = "net"
-    device = th.device("cpu")
-    params = ()
-
-    def sample(self, n_transitions):
-        return (lambda start, stop: th.zeros(stop - start)), n_transitions
-
-    def measuring(self, checkpointing=True):
-        return contextlib.nullcontext()
-
-
-def plan(planner, lengths, *, tuned=4, timings=None):
-    """Plans ``lengths`` with ``tuned`` as the tuned forward size; records timings."""
-    planner.forward_sizes.found[FakeWorkload.key] = (tuned, False)
-    calls = []
-
-    def time_passes(
-        call, n_transitions, size, params, device, clear_ratio=None, clock=None
-    ):
-        assert timings is not None, "the planner timed passes where it should not"
-        calls.append((n_transitions, size))
-        return timings
-
-    with mock.patch.object(call_tuning, "time_passes", time_passes):
-        result = planner.plan(np.asarray(lengths), FakeWorkload())
-    return result, calls
-
-
 def test_planner_goes_two_pass_when_a_pair_exceeds_the_cap():
-    planner = planning.Planner(minibatch_size=None, forward_size="auto")
-    planner.budget_cap = 7
-    result, _ = plan(planner, [10, 10], tuned=16)
+    policy = planning.StepPolicy(chunk_cap=7, forward_size=16)
+    result = planning.plan_step(np.array([10, 10]), policy)
     assert result.two_pass and result.forward_size == 7
     assert "memory" in result.reason
-    pinned = planning.Planner(minibatch_size=None, forward_size="auto", two_pass=False)
-    pinned.budget_cap = 7
+    pinned = planning.StepPolicy(chunk_cap=7, forward_size=16, two_pass=False)
     with pytest.raises(ValueError, match="two_pass=False"):
-        plan(pinned, [10, 10])
+        planning.plan_step(np.array([10, 10]), pinned)
 
 
-@pytest.mark.parametrize("one, two, expected", [(3.0, 1.0, True), (1.0, 3.0, False)])
-def test_planner_times_one_and_two_passes_and_takes_the_faster(one, two, expected):
-    planner = planning.Planner(minibatch_size=2, forward_size="auto")
-    result, calls = plan(planner, [10, 10, 10], tuned=4, timings=(one, two))
-    assert result.two_pass is expected
-    assert calls == [(20, 4)]  # the first one-pass chunk, tuned calls
-    again, calls_again = plan(planner, [10, 10, 10], tuned=4, timings=(one, two))
-    assert again.two_pass is expected and not calls_again  # decided once
-
-
-def test_planner_does_not_time_whole_chunk_calls_or_pinned_sizes():
-    planner = planning.Planner(minibatch_size=2, forward_size="auto")
-    result, calls = plan(planner, [10, 10], tuned=100, timings=(3.0, 1.0))
-    assert not result.two_pass and not calls  # calls span whole chunks
-    fixed = planning.Planner(minibatch_size=2, forward_size=4)
-    result, calls = plan(fixed, [10, 10], tuned=4, timings=(3.0, 1.0))
-    assert not result.two_pass and not calls  # reproducible: no timing
-    pinned = planning.Planner(minibatch_size=2, forward_size=4, two_pass=True)
-    result, _ = plan(pinned, [10, 10], tuned=4)
+def test_plans_are_one_pass_unless_asked_or_too_large():
+    result = planning.plan_step(
+        np.array([10, 10, 10]), planning.StepPolicy(minibatch_size=2, forward_size=4)
+    )
+    assert not result.two_pass and result.forward_size == 4
+    assert [(s.start, s.stop) for s in result.item_chunks] == [(0, 2), (2, 3)]
+    pinned = planning.StepPolicy(minibatch_size=2, forward_size=4, two_pass=True)
+    result = planning.plan_step(np.array([10, 10]), pinned)
     assert result.two_pass and result.forward_size == 4
+    whole = planning.plan_step(np.array([10, 10]), planning.StepPolicy())
+    assert not whole.two_pass and whole.forward_size == 20
 
 
 def test_back_off_halves_the_largest_chunk_and_stops_at_one_transition():
-    planner = planning.Planner(minibatch_size=None, forward_size=8)
+    policy = planning.StepPolicy(forward_size=8)
     lengths = np.array([5, 6, 7])
-    result, _ = plan(planner, lengths, tuned=8)
     error = th.OutOfMemoryError("simulated")
-    assert planner.back_off(result, error) == 9
-    result, _ = plan(planner, lengths, tuned=8)
+    policy = policy.backed_off(planning.plan_step(lengths, policy), error)
+    assert policy.chunk_cap == 9
+    result = planning.plan_step(lengths, policy)
     assert [s.stop - s.start for s in result.item_chunks] == [1, 1, 1]
-    assert planner.back_off(result, error) == 3
-    result, _ = plan(planner, lengths, tuned=8)
+    policy = policy.backed_off(result, error)
+    assert policy.chunk_cap == 3
+    result = planning.plan_step(lengths, policy)
     assert result.two_pass and result.forward_size == 3
-    assert planner.back_off(result, error) == 1
-    result, _ = plan(planner, lengths, tuned=8)
+    policy = policy.backed_off(result, error)
+    assert policy.chunk_cap == 1
     with pytest.raises(th.OutOfMemoryError, match="one transition"):
-        planner.back_off(result, error)
+        policy.backed_off(planning.plan_step(lengths, policy), error)

@@ -80,11 +80,11 @@ def test_redone_steps_equal_uninterrupted_ones(rng):
     trainer = train_sgd(net, dataset, forward_size=100)
     rng_after = th.get_rng_state()
     assert net.raised == 4
-    assert trainer.planner.chunk_cap == 2
+    assert trainer.last_policy.chunk_cap == 2
     logged = trainer.logger.name_to_value
     assert logged["reward/final/train/two_pass"] == 1.0
     assert logged["reward/final/train/chunk_transitions"] == 2
-    # What the planner ended with, run from the start without any failure.
+    # What the policy ended with, run from the start without any failure.
     train_sgd(unlimited, dataset, two_pass=True, forward_size=2)
     assert th.equal(th.get_rng_state(), rng_after)  # the same dropout draws
     assert unlimited.raised == 0

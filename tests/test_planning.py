@@ -1,11 +1,21 @@
-"""The planner: chunks cover the batch in order; forward sizes are measured."""
+"""Planning a step: the policy is plain data, the plan a pure function of it.
 
-import numpy as np
+The default forward size comes from the memory probe, so runs with the same
+seed are bit-identical; settings assigned after construction take effect at the
+next ``train()``, as in imitation.
+"""
+
+import copy
+
 import pytest
+import torch as th
+from imitation.util import logger as imit_logger
 
 from imitation_accum import planning
+from imitation_accum.planning import probe
+from imitation_accum.preference import pair_table
 from tests import reference as ref
-from tests.test_preference_exactness import make_net, make_trainer
+from tests.test_preference_exactness import TOL, make_net, make_trainer
 
 
 @pytest.mark.parametrize("n_items", [1, 7, 12])
@@ -17,83 +27,150 @@ def test_chunks_cover_the_batch_in_order(n_items, minibatch_size):
     assert all(s.stop - s.start == (minibatch_size or n_items) for s in chunks[:-1])
 
 
-class Timings:
-    """A synthetic cost curve: seconds for a call of ``size`` transitions."""
-
-    def __init__(self, per_call, per_transition, cache_size=None):
-        self.per_call = per_call
-        self.per_transition = per_transition
-        self.cache_size = cache_size
-        self.sizes = []
-
-    def __call__(self, size):
-        """Seconds per transition in calls of ``size``."""
-        self.sizes.append(size)
-        cost = self.per_call + self.per_transition * size
-        if self.cache_size is not None and size > self.cache_size:
-            # spilling out of cache: each extra transition costs three times more
-            cost += 2 * self.per_transition * (size - self.cache_size)
-        return cost / size
+def profile_of(device_type, saved, transient):
+    return probe.ActivationProfile(device_type, 0, saved, 0.0, transient)
 
 
-def test_overhead_bound_calls_take_the_whole_chunk():
-    timings = Timings(per_call=1e-3, per_transition=1e-6)
-    assert planning.ForwardSizeTuner().tune(timings, 3000) == 3000
+@pytest.mark.parametrize(
+    "saved, transient, expected",
+    [
+        (1.0, 1.0, probe.CPU_CALL_BYTES // 2),  # an MLP: as large as the chunk
+        (probe.CPU_CALL_BYTES / 8, probe.CPU_CALL_BYTES / 8, 4),
+        (probe.CPU_CALL_BYTES / 6, probe.CPU_CALL_BYTES / 6, 3),
+        (probe.CPU_CALL_BYTES, probe.CPU_CALL_BYTES, 1),  # never below one
+    ],
+)
+def test_cpu_calls_hold_what_fits_the_call_bytes(saved, transient, expected):
+    assert profile_of("cpu", saved, transient).forward_size() == expected
 
 
-def test_cache_bound_calls_stop_past_the_optimum():
-    timings = Timings(per_call=1e-3, per_transition=1e-3, cache_size=8)
-    size = planning.ForwardSizeTuner().tune(timings, 4096)
-    assert size == 8
-    assert max(timings.sizes) <= 32  # the search stops soon after the optimum
+def test_cuda_calls_span_the_chunk():
+    assert profile_of("cuda", 1e9, 1e9).forward_size() is None
+    policy = planning.StepPolicy(chunk_cap=7)
+    assert policy.call_size(20) == 7  # the memory cap bounds a whole-chunk call
+    assert planning.StepPolicy().call_size(20) == 20
 
 
-def test_tuned_sizes_are_cached_per_key():
-    timings = Timings(per_call=1e-3, per_transition=1e-3, cache_size=4)
-    sizes = planning.ForwardSizes()
-    key = ("test-cache-bound", id(timings))
-    assert sizes.size(key, 100, timings) == 4
-    calls = len(timings.sizes)
-    assert sizes.size(key, 50, timings) == 4
-    assert sizes.size(key, 3, timings) == 3
-    assert len(timings.sizes) == calls
-    flat = Timings(per_call=1e-3, per_transition=1e-7)
-    key = ("test-overhead-bound", id(flat))
-    assert sizes.size(key, 64, flat) == 64
-    # a search that ended at its limit says: the larger the better
-    assert sizes.size(key, 500, flat) == 500
-
-
-def test_each_planner_owns_its_tuned_sizes():
-    timings = Timings(per_call=1e-3, per_transition=1e-3, cache_size=4)
-    key = ("test-owned", id(timings))
-    first, second = (
-        planning.Planner(minibatch_size=None),
-        planning.Planner(minibatch_size=None),
-    )
-    first.forward_sizes.size(key, 100, timings)
-    calls = len(timings.sizes)
-    second.forward_sizes.size(key, 100, timings)
-    assert len(timings.sizes) == 2 * calls  # no process-wide cache
-
-
-def test_auto_forward_size_is_chosen_and_logged(rng, monkeypatch):
-    dataset = ref.make_dataset(rng, 6, (5,))
-    trainer = make_trainer(make_net(), batch_size=6, minibatch_size=3)
-    # A cost curve instead of the clock: per transition 1/size + size/8, so
-    # sizes 1, 2, 4, 8, 16 cost 1.125, 0.75, 0.75, 1.125, 2.06; 8 and 16 are two
-    # sizes in a row past the optimum (the scan stops) and 2 is the smallest of
-    # the fastest.
-    tried = []
-
-    def measure(self, candidate, ceiling=None):
-        size, _ = candidate
-        tried.append(size)
-        self.timings.setdefault(candidate, []).append(1 / size + size / 8)
-
-    monkeypatch.setattr(planning.tuning_search.TuningSearch, "measure", measure)
+def train_default(dataset, call_bytes, monkeypatch, **kwargs):
+    monkeypatch.setattr(probe, "CPU_CALL_BYTES", call_bytes)
+    net = make_net()
+    initial = copy.deepcopy(net)
+    trainer = make_trainer(net, batch_size=len(dataset), minibatch_size=2, **kwargs)
     trainer.train(dataset)
-    size = trainer.logger.name_to_value["reward/final/train/forward_size"]
-    assert sorted(set(tried)) == [1, 2, 4, 8, 16]
-    assert size == 2
-    assert np.isfinite(trainer.logger.name_to_value["reward/final/train/loss"])
+    return initial, net, trainer
+
+
+def test_default_forward_size_comes_from_the_probe_and_is_exact(rng, monkeypatch):
+    dataset = ref.make_dataset(rng, 5, (6,))
+    prober = make_trainer(make_net(), batch_size=5)
+    prober._task.refresh_device()
+    profile = prober._profile(pair_table.read_preferences(dataset))
+    per_transition = profile.saved_per_transition + profile.transient_per_transition
+    # The bytes of three and a half transitions' activations: calls of three.
+    initial, net, trainer = train_default(
+        dataset, int(3.5 * per_transition), monkeypatch
+    )
+    assert trainer.last_plan.forward_size == 3
+    assert trainer.logger.name_to_value["reward/final/train/forward_size"] == 3
+    pairs, prefs = ref.batch_of(dataset, range(5))
+    expected = ref.grads_of(initial, lambda: ref.full_batch_loss(initial, pairs, prefs))
+    assert ref.relative_error(ref.param_grads(net), expected) < TOL
+
+
+def test_two_runs_with_the_default_forward_size_are_bit_identical(rng, monkeypatch):
+    dataset = ref.make_dataset(rng, 12, (4, 6, 5))
+    runs = []
+    for _ in range(2):
+        th.manual_seed(0)
+        net = make_net()
+        trainer = make_trainer(net, batch_size=5, minibatch_size=2, epochs=3)
+        trainer.train(dataset)
+        runs.append([p.detach().clone() for p in net.parameters()])
+    for a, b in zip(*runs):
+        assert th.equal(a, b)
+
+
+def fresh_pair(**kwargs):
+    """Two trainers of one initial net: the second is changed after construction."""
+    net = make_net()
+    return (
+        make_trainer(copy.deepcopy(net), **kwargs),
+        make_trainer(copy.deepcopy(net), batch_size=6),
+    )
+
+
+def params(trainer):
+    return [p.detach() for p in trainer._preference_model.model.parameters()]
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("minibatch_size", 2),
+        ("epochs", 3),
+        ("lr", 0.05),
+        ("max_grad_norm", 0.01),
+        ("batch_size", 4),
+        ("forward_size", 1),
+        ("two_pass", True),
+    ],
+)
+def test_settings_assigned_after_construction_take_effect(rng, name, value):
+    dataset = ref.make_dataset(rng, 6, (3, 4))
+    built, assigned = fresh_pair(**{"batch_size": 6, name: value})
+    setattr(assigned, name, value)
+    built.train(dataset)
+    assigned.train(dataset)
+    for a, b in zip(params(built), params(assigned)):
+        assert th.equal(a, b)
+    if name in ("minibatch_size", "two_pass", "forward_size"):
+        assert assigned.last_plan == built.last_plan
+
+
+def test_an_assigned_optimizer_and_logger_are_used(rng, tmp_path):
+    dataset = ref.make_dataset(rng, 6, (3, 4))
+    built, assigned = fresh_pair(batch_size=6)
+    for trainer in (built, assigned):
+        trainer.optim = th.optim.SGD(
+            trainer._preference_model.model.parameters(), lr=0.1
+        )
+    logger = imit_logger.configure(str(tmp_path), ["csv"])
+    assigned.logger = logger
+    built.train(dataset)
+    before = [p.clone() for p in params(assigned)]
+    assigned.train(dataset)
+    for a, b in zip(params(built), params(assigned)):
+        assert th.equal(a, b)
+    assert any(not th.equal(a, b) for a, b in zip(before, params(assigned)))
+    assert "reward/final/train/loss" in logger.name_to_value
+
+
+@pytest.mark.parametrize(
+    "name, value, match",
+    [
+        ("minibatch_size", 7, "minibatch_size=7 must not exceed batch_size=6"),
+        ("minibatch_size", 0, "minibatch_size must be a positive int"),
+        ("epochs", 0, "epochs must be a positive int"),
+        ("forward_size", "fast", "forward_size must be a positive int or 'auto'"),
+        ("two_pass", "yes", "two_pass must be None or a bool"),
+        ("memory_budget", "lots", "memory_budget"),
+    ],
+)
+def test_bad_settings_assigned_after_construction_fail_before_training(
+    rng, name, value, match
+):
+    dataset = ref.make_dataset(rng, 6, (3, 4))
+    trainer = make_trainer(make_net(), batch_size=6)
+    before = [p.clone() for p in params(trainer)]
+    setattr(trainer, name, value)
+    with pytest.raises(ValueError, match=match):
+        trainer.train(dataset)
+    for a, b in zip(before, params(trainer)):
+        assert th.equal(a, b)
+
+
+@pytest.mark.parametrize("name, value", [("lr", -1.0), ("max_grad_norm", 0)])
+def test_bad_step_settings_are_refused_when_assigned(name, value):
+    trainer = make_trainer(make_net(), batch_size=6)
+    with pytest.raises(ValueError, match=name):
+        setattr(trainer, name, value)

@@ -17,7 +17,6 @@ from imitation.rewards.reward_nets import BasicRewardNet
 import imitation_accum
 from imitation_accum.engine import staging
 from imitation_accum.preference import fragments, pair_table, pair_task
-from imitation_accum.preference.workload import PairWorkload
 from tests import adversarial_setup as setup
 from tests import reference as ref
 from tests.test_adversarial_training import (
@@ -266,28 +265,3 @@ def test_batch_converted_once_splits_as_chunks_gathered_apart(rng, discount, var
                     assert weights is None and apart.discounts[side] is None
                 else:
                     assert th.equal(weights, apart.discounts[side])
-
-
-def test_timed_calls_read_small_inputs_as_the_steps_do(rng):
-    # The forward-size tuner's calls slice inputs converted once, as a step's
-    # calls do; they give what calls gathering their own rows give.
-    data = ref.make_dataset(rng, 6, (3, 5))
-    net = BasicRewardNet(ref.OBS_SPACE, ref.ACT_SPACE, use_next_state=True)
-    trainer = imitation_accum.CrossEntropyRewardTrainer(
-        preference_comparisons.PreferenceModel(net),
-        preference_comparisons.CrossEntropyRewardLoss(),
-        rng=rng,
-        batch_size=6,
-        forward_size=4,
-        progress_bar=False,
-    )
-    table = pair_table.read_preferences(data)
-    local = np.arange(len(table))
-    workload = PairWorkload.of(trainer._task, table, local, trainer.engine)
-    call, available = workload.sample(20)
-    layout = table.layout(local[:3])  # the pairs holding 20 transitions
-    assert available == layout.n_transitions
-    assert trainer._task.staged.applies(table, local[:3])
-    for start, stop in [(0, 4), (3, 11), (available - 2, available)]:
-        expected = trainer._task.call(layout, start, stop, module=net)
-        assert th.equal(call(start, stop), expected)

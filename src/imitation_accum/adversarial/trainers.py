@@ -42,14 +42,12 @@ from imitation_accum.adversarial.arguments import (
     policy_observations,
     resolve_minibatch_size,
 )
-from imitation_accum.adversarial.workload import DiscriminatorWorkload
 from imitation_accum.engine import acceleration as acceleration_options
 from imitation_accum.engine import staging
 from imitation_accum.engine.accumulator import GradientAccumulator
 from imitation_accum.engine.task import StepResult
 from imitation_accum.planning import budget, probe
-from imitation_accum.planning.plan import StepPlan
-from imitation_accum.planning.planner import Planner
+from imitation_accum.planning.plan import StepPlan, StepPolicy, plan_step, run_step
 
 
 class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
@@ -148,15 +146,12 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         self._engine: GradientAccumulator[discriminator_task.DiscriminatorChunk] = (
             GradientAccumulator(self._reward_net, self._disc_opt, max_grad_norm=clip)
         )
-        # Items are rows of an expert and a generator transition: one call each
-        # chunk, never split.
-        self.planner = Planner(
-            minibatch_size=self.demo_minibatch_size,
-            forward_size=None,
-            two_pass=False,
-            log=lambda message: self.logger.log(message),
-            unit="row (an expert and a generator transition)",
-        )
+        self._budget_cap: Optional[int] = None
+        self._backed_off_cap: Optional[int] = None
+        self.last_policy: Optional[StepPolicy] = None
+        """The step policy of the last discriminator step."""
+        self.memory_profile: Optional[probe.ActivationProfile] = None
+        """The memory probe's profile of the discriminator, with a budget."""
         budget.check_holds_training_state(
             parsed_budget,
             self._disc_opt,
@@ -171,17 +166,28 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         """The accumulation engine stepping the discriminator."""
         return self._engine
 
-    def _workload(
+    def _step_policy(self) -> StepPolicy:
+        """The discriminator's step policy, from this trainer's attributes.
+
+        Items are rows of an expert and a generator transition: one call each
+        chunk, never split.
+        """
+        caps = [c for c in (self._budget_cap, self._backed_off_cap) if c is not None]
+        return StepPolicy(
+            minibatch_size=self.demo_minibatch_size,
+            chunk_cap=min(caps) if caps else None,
+            forward_size=None,
+            two_pass=False,
+            unit="row (an expert and a generator transition)",
+        )
+
+    def _fit_budget(
         self,
         task: discriminator_task.DiscriminatorTask,
         expert: Mapping[str, np.ndarray],
         generated: Mapping[str, np.ndarray],
-    ) -> DiscriminatorWorkload:
-        log_probs = self._policy_log_probs if self._uses_policy_log_probs else None
-        return DiscriminatorWorkload(task, expert, generated, log_probs, self._engine)
-
-    def _plan_memory(self, workload: DiscriminatorWorkload) -> None:
-        """Sizes minibatches from ``memory_budget`` (a probe on a few rows).
+    ) -> int:
+        """Rows per minibatch that fit ``memory_budget`` (a probe on a few rows).
 
         Raises:
             ValueError: if not even one row (an expert and a generator transition)
@@ -189,32 +195,52 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         """
         assert self.memory_budget is not None
         frame_bytes = 4 * int(np.prod(self.venv.observation_space.shape or ()))
-        profile = probe.profile_workload(
-            workload,
-            sample_transitions=min(4, self.demo_batch_size),
+        log_probs = self._policy_log_probs if self._uses_policy_log_probs else None
+
+        def call(start: int, stop: int) -> th.Tensor:
+            rows = [slice(0, stop - start)]
+            staged = discriminator_task.stage_batch(
+                {key: value[start:stop] for key, value in expert.items()},
+                {key: value[start:stop] for key, value in generated.items()},
+                rows,
+                keys=task.staged_keys,
+            )
+            (chunk,) = discriminator_task.make_chunks(staged, rows, task.device)
+            if log_probs is not None:
+                chunk.log_policy_act_prob = log_probs(chunk)
+            return task.forward(chunk, stop - start)
+
+        profile = probe.profile_calls(
+            call,
+            min(4, self.demo_batch_size),
+            measuring=lambda ckpt: self._engine.measuring(checkpointing=ckpt),
+            params=list(self._reward_net.parameters()),
+            device=task.device,
             fixed_bytes=budget.training_state_bytes(self._disc_opt),
             # obs and next_obs as float32, for the expert and the generator row
             input_bytes_per_transition=4 * frame_bytes,
             checkpointed=False,
         )
-        self.planner.profile = profile
-        in_bytes = self.planner.fit_budget(
+        self.memory_profile = profile
+        cap, in_bytes = probe.fit_budget(
             self.memory_budget,
             profile,
-            device=workload.device,
+            device=task.device,
             resident_bytes=budget.resident_training_bytes(self._disc_opt),
             largest_batch=self.demo_batch_size,
+            unit="row (an expert and a generator transition)",
         )
         self.logger.log(
             probe.budget_message(
                 in_bytes,
                 profile,
-                cap=self.planner.chunk_cap or 0,
+                cap=cap,
                 item=1,
                 largest_batch=self.demo_batch_size,
                 items="rows",
             ),
         )
+        return cap
 
     def _disc_samples(
         self,
@@ -342,9 +368,9 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
                 gen_samples=gen_samples,
             )
             task = self._disc_task()
-            workload = self._workload(task, expert, generated)
-            if self.memory_budget is not None and self.planner.budget_cap is None:
-                self._plan_memory(workload)
+            if self.memory_budget is not None and self._budget_cap is None:
+                self._budget_cap = self._fit_budget(task, expert, generated)
+            policy = self._step_policy()
 
             def step(plan: StepPlan) -> StepResult:
                 chunks = self._disc_chunks(task, expert, generated, plan.item_chunks)
@@ -355,12 +381,16 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
                     n_items=2 * self.demo_batch_size,
                 )
 
-            plan, result = self.planner.run(
+            ran, plan, result = run_step(
                 np.ones(self.demo_batch_size, dtype=np.int64),
                 step,
-                workload,
+                policy,
                 device=self.reward_train.device,
+                log=self.logger.log,
             )
+            if ran.chunk_cap != policy.chunk_cap:
+                self._backed_off_cap = ran.chunk_cap  # for later steps too
+            self.last_policy = ran
             self._disc_step += 1
             self.last_disc_result = result
             assert result.item_outputs is not None  # the task returns its logits
@@ -401,7 +431,9 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             gen_samples=gen_samples,
         )
         task = self._disc_task()
-        rows = self.planner.plan(np.ones(self.demo_batch_size, dtype=np.int64))
+        rows = plan_step(
+            np.ones(self.demo_batch_size, dtype=np.int64), self._step_policy()
+        )
         for chunk in self._disc_chunks(task, expert, generated, rows.item_chunks):
             state, action, next_state, done = task.inputs(chunk)
             yield {

@@ -19,7 +19,7 @@ one a single process makes on the whole batch:
   runs the net on zero transitions, which contributes a zero gradient, so it still
   takes part in the reduction;
 * losses, metrics and norm moments reported or used are sums over all ranks, and
-  a ``forward_size="auto"`` is tuned on rank 0 alone and broadcast.
+  the default ``forward_size`` is rank 0's, broadcast.
 
 Parameters, buffers and optimizer state therefore stay identical on all ranks.
 

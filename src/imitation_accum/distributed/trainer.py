@@ -12,16 +12,12 @@ import numpy as np
 import torch as th
 import torch.distributed as dist
 from torch import nn
-from torch.utils import data as data_th
 
 from imitation_accum import _validation
 from imitation_accum.distributed.engine import DistributedGradientAccumulator
 from imitation_accum.distributed.process_group import check_batch_size, local_share
 from imitation_accum.engine.accumulator import GradientAccumulator
-from imitation_accum.engine.task import EvaluationResult
-from imitation_accum.preference import pair_table
 from imitation_accum.preference.trainer import CrossEntropyRewardTrainer
-from imitation_accum.preference.workload import PairWorkload
 
 ChunkT = TypeVar("ChunkT")
 
@@ -88,7 +84,6 @@ class DistributedRewardTrainer(CrossEntropyRewardTrainer):
         )
         if self.rank != 0:
             kwargs["progress_bar"] = False
-        self._agreed = False  # whether the ranks share rank 0's forward size
         super().__init__(*args, **kwargs)
         if self.distributed:
             self._check_same_rng()
@@ -145,39 +140,15 @@ class DistributedRewardTrainer(CrossEntropyRewardTrainer):
         assert isinstance(engine, DistributedGradientAccumulator)
         return engine._comm_device
 
-    def _train(self, dataset: data_th.Dataset, epoch_multiplier: float = 1.0) -> None:
-        self._agree_on_forward_size(dataset)
-        super()._train(dataset, epoch_multiplier)
+    def _agreed_forward_size(self, size: Optional[int]) -> Optional[int]:
+        """Rank 0's default forward size, on every rank.
 
-    def evaluate(self, dataset: data_th.Dataset) -> EvaluationResult:
-        """As :meth:`CrossEntropyRewardTrainer.evaluate`; every rank must call it."""
-        self._agree_on_forward_size(dataset)
-        return super().evaluate(dataset)
-
-    def _agree_on_forward_size(self, dataset: data_th.Dataset) -> None:
-        """Tunes ``forward_size="auto"`` on rank 0 and gives every rank its choice.
-
-        Each rank timing its own calls would choose differently from run to run and
-        rank to rank; one choice everywhere keeps a run reproducible from the
-        ``forward_size`` that rank 0 logs. Tuned once, on a minibatch of the first
-        pairs of the first dataset trained or evaluated on; every rank's planner
-        then holds rank 0's result.
+        Each rank derives the same size from the same net and data; rank 0's is
+        broadcast anyway, so that one logged ``forward_size`` holds for the group.
         """
-        if not self.distributed or self.forward_size != "auto" or self._agreed:
-            return
-        table = pair_table.read_preferences(dataset)
-        self._task.refresh_device()
-        share = -(-self.batch_size // self.world_size)
-        first = np.arange(min(len(table), self.minibatch_size or share))
-        workload = PairWorkload.of(self._task, table, first, self.engine)
-        sizes = self.planner.forward_sizes
-        proposal = (0.0, 0.0)
-        if self.rank == 0:
-            limit = int(table.lengths[first].sum())
-            size = self.planner.call_size(limit, workload)
-            proposal = (float(size), float(sizes.found[workload.key][1]))
+        if not self.distributed:
+            return size
         engine = self.engine
         assert isinstance(engine, DistributedGradientAccumulator)
-        agreed_size, at_limit = engine.broadcast(proposal)
-        sizes.found[workload.key] = (int(agreed_size), bool(at_limit))
-        self._agreed = True
+        (agreed,) = engine.broadcast([float(size or 0)])
+        return int(agreed) or None

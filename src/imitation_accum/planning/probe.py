@@ -19,8 +19,9 @@ over many small calls): the CPU estimate triples every per-transition figure
 
 import dataclasses
 from typing import (
-    TYPE_CHECKING,
+    Any,
     Callable,
+    ContextManager,
     Dict,
     Optional,
     Sequence,
@@ -31,13 +32,16 @@ import torch as th
 
 from imitation_accum.planning import budget
 
-if TYPE_CHECKING:
-    from imitation_accum.planning import planner
-
 #: Multiplier on every per-transition figure: allocator overheads. On a CPU glibc
 #: may keep freed blocks resident (measured: up to 2.8x the saved bytes, 2.3x the
 #: unmultiplied estimate); CUDA's caching allocator rounds blocks up and fragments.
 ALLOCATOR_FACTOR = {"cuda": 1.2, "cpu": 3.0}
+
+#: On a CPU, transitions per reward-net call are as many as keep one call's
+#: activations (saved and transient bytes, before the allocator factor) within
+#: this: convolutions over Atari frames ran several times faster in calls of a
+#: few frames than in one call of a chunk, while an MLP wants the whole chunk.
+CPU_CALL_BYTES = 32 * 2**20
 
 #: Fixed workspace per step beyond the estimate (library workspaces, cuDNN
 #: algorithms, oneDNN scratch pads).
@@ -213,6 +217,17 @@ class ActivationProfile:
                 high = middle
         return low
 
+    def forward_size(self) -> Optional[int]:
+        """Transitions per reward-net call for this net and device; deterministic.
+
+        On CUDA the whole chunk (``None``: the memory cap bounds it); on a CPU the
+        calls whose activations fit :data:`CPU_CALL_BYTES`.
+        """
+        if self.device_type != "cpu":
+            return None
+        per_transition = self.saved_per_transition + self.transient_per_transition
+        return max(1, int(CPU_CALL_BYTES // max(per_transition, 1.0)))
+
     def describe(self) -> str:
         """One line for the log."""
         fmt = budget.format_bytes
@@ -280,19 +295,27 @@ def profile_activations(
     )
 
 
-def profile_workload(
-    workload: "planner.Workload",
+def profile_calls(
+    call: Callable[[int, int], th.Tensor],
+    available: int,
     *,
-    sample_transitions: int,
+    measuring: Callable[[bool], ContextManager[Any]],
+    params: Sequence[th.Tensor],
+    device: th.device,
     fixed_bytes: int,
     input_bytes_per_transition: float,
     checkpointed: bool,
 ) -> ActivationProfile:
-    """The probe, run on the first items of a workload.
+    """The probe, run on the first transitions of a sample.
 
     Args:
-        workload: What the planner may run.
-        sample_transitions: Transitions the sample should hold (its first items).
+        call: ``call(start, stop)``: one reward-net call on transitions
+            ``[start, stop)`` of the sample, as a step makes it.
+        available: Transitions the sample holds.
+        measuring: ``measuring(checkpointing)``: the context the calls run in,
+            leaving no trace on the RNG or norm statistics.
+        params: The net's parameters.
+        device: The net's device.
         fixed_bytes: Parameters, gradients and optimizer state.
         input_bytes_per_transition: Bytes of one transition's converted inputs.
         checkpointed: Whether the step checkpoints activations (then the probe
@@ -301,25 +324,61 @@ def profile_workload(
     Returns:
         The profile.
     """
-    call, available = workload.sample(sample_transitions)
 
     def run(n: int) -> th.Tensor:
-        with workload.measuring():
+        with measuring(True):
             return call(0, n)
 
     def run_plain(n: int) -> th.Tensor:
-        with workload.measuring(checkpointing=False):
+        with measuring(False):
             return call(0, n)
 
     return profile_activations(
         run,
         max_transitions=available,
-        params=list(workload.params),
-        device=workload.device,
+        params=params,
+        device=device,
         fixed_bytes=fixed_bytes,
         input_bytes_per_transition=input_bytes_per_transition,
         run_without_checkpointing=run_plain if checkpointed else None,
     )
+
+
+def fit_budget(
+    memory_budget: budget.Budget,
+    profile: ActivationProfile,
+    *,
+    device: th.device,
+    resident_bytes: int,
+    largest_batch: int,
+    unit: str = "transition",
+) -> Tuple[int, int]:
+    """The largest chunk ``memory_budget`` holds, and the budget in bytes.
+
+    Args:
+        memory_budget: Bytes or ``"auto"``.
+        profile: The probe's measurements of the net.
+        device: The net's device (``"auto"`` reads its free memory).
+        resident_bytes: Training state already on the device.
+        largest_batch: Units of the largest batch (no cap above it).
+        unit: What the cap counts, for the message.
+
+    Returns:
+        Units per chunk, and the budget in bytes.
+
+    Raises:
+        ValueError: if not even one unit fits.
+    """
+    in_bytes = budget.resolve_budget(memory_budget, device, resident_bytes)
+    cap = profile.max_chunk_transitions(in_bytes, largest_batch)
+    if cap == 0:
+        raise ValueError(
+            f"memory_budget={memory_budget!r} ({budget.format_bytes(in_bytes)}) "
+            f"is too small: one {unit} needs an estimated "
+            f"{budget.format_bytes(profile.chunk_bytes(1, 1))} "
+            f"({profile.describe()})",
+        )
+    return cap, in_bytes
 
 
 def budget_message(

@@ -43,10 +43,7 @@ class EnsembleTrainer(CrossEntropyRewardTrainer, pc.EnsembleTrainer):
         self.member_trainers = []
         for member_pref_model in self._preference_model.member_pref_models:
             member_arguments["preference_model"] = member_pref_model
-            member = CrossEntropyRewardTrainer(**member_arguments)
-            # One net architecture for all: forward sizes are tuned once.
-            member.planner.forward_sizes = self.planner.forward_sizes
-            self.member_trainers.append(member)
+            self.member_trainers.append(CrossEntropyRewardTrainer(**member_arguments))
 
     def _logger_followers(self) -> List[Any]:
         """The regularizer and every member trainer share this trainer's logger."""

@@ -18,7 +18,7 @@ method: a chunk contributes each of its fragments' discounted partial return,
 with discount weights counted from the fragment's own first transition.
 """
 
-from typing import Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch as th
@@ -53,6 +53,8 @@ class PreferenceTask:
         noise_prob: As in imitation's ``PreferenceModel``.
         discount_factor: As in imitation's ``PreferenceModel``.
         threshold: As in imitation's ``PreferenceModel``.
+        stager: Moves chunk inputs to the device a chunk ahead (``None``: each
+            call gathers its own).
     """
 
     metric_names = ("accuracy",)
@@ -64,6 +66,7 @@ class PreferenceTask:
         noise_prob: float,
         discount_factor: float,
         threshold: float,
+        stager: Optional[staging.RangeStager] = None,
     ) -> None:
         self.net = net
         self.noise_prob = noise_prob
@@ -74,11 +77,9 @@ class PreferenceTask:
         self.call_target: th.nn.Module = net
         self.device = net.device
         self.inputs = input_preparation.InputPreparer(net)
-        self.stager: Optional[staging.RangeStager] = None
+        self.stager = stager
         self.staged = staged_batch.StagedBatches(self)
         """Batches of small inputs, converted once (see its module)."""
-        self.workload_keys: Dict[Hashable, Hashable] = {}
-        """Timing keys of this net, by input (see ``PairWorkload.of``)."""
 
     def refresh_device(self) -> None:
         """Re-reads the net's device (looked up once per step, not per call)."""
@@ -354,6 +355,7 @@ def _joined(calls: List[th.Tensor]) -> th.Tensor:
 
 def task_for(
     preference_model: preference_comparisons.PreferenceModel,
+    stager: Optional[staging.RangeStager] = None,
 ) -> PreferenceTask:
     """A task that computes what ``preference_model`` defines."""
     return PreferenceTask(
@@ -361,4 +363,5 @@ def task_for(
         noise_prob=preference_model.noise_prob,
         discount_factor=preference_model.discount_factor,
         threshold=preference_model.threshold,
+        stager=stager,
     )

@@ -3,15 +3,18 @@
 :class:`CrossEntropyRewardTrainer` replaces imitation's ``BasicRewardTrainer`` with
 ``CrossEntropyRewardLoss`` (same constructor arguments and defaults). Any
 ``minibatch_size`` gives the full-batch update: see the package's exactness
-contract. One step runs ``sampler -> planner -> chunks -> engine``: the batch's
-pairs are planned (:class:`~imitation_accum.planning.Planner`), laid out as the
-plan says (:func:`~imitation_accum.preference.pair_chunks.make_chunks`) and stepped
-by the engine with the plan as its argument.
+contract. One step runs ``sampler -> policy -> plan -> chunks -> engine``: each
+``train()`` builds the step policy from the trainer's attributes (so assigning
+``minibatch_size``, ``max_grad_norm``, ``optim``, ... takes effect at the next
+``train()``, as in imitation), the batch's pairs are planned
+(:func:`~imitation_accum.planning.plan.plan_step`), laid out as the plan says
+(:func:`~imitation_accum.preference.pair_chunks.make_chunks`) and stepped by the
+engine with the plan as its argument.
 """
 
 import copy
 import time
-from typing import Any, Mapping, Optional, Type, Union
+from typing import Any, Dict, Hashable, List, Mapping, Optional, Type, Union
 
 import numpy as np
 import torch as th
@@ -27,22 +30,18 @@ from imitation_accum.engine import checkpointing, precision, staging
 from imitation_accum.engine.accumulator import GradientAccumulator
 from imitation_accum.engine.task import EvaluationResult, StepResult
 from imitation_accum.planning import budget, probe
-from imitation_accum.planning.plan import StepPlan
-from imitation_accum.planning.planner import Planner
+from imitation_accum.planning.plan import StepPlan, StepPolicy, run_step
 from imitation_accum.preference import (
     arguments,
-    memory_plan,
     pair_chunks,
     pair_table,
     pair_task,
     records,
     sampling,
 )
-from imitation_accum.preference.attributes import ImitationAttributes
-from imitation_accum.preference.workload import PairWorkload
 
 
-class CrossEntropyRewardTrainer(ImitationAttributes):
+class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
     """Trains a reward net on preferences, accumulating gradients exactly.
 
     A drop-in for imitation's ``BasicRewardTrainer`` with ``CrossEntropyRewardLoss``:
@@ -69,9 +68,10 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
         custom_logger: Where to log; a new logger if ``None``.
         regularizer_factory: Builds an imitation regularizer, applied once per
             step; its lambda updater gets item-weighted train and validation losses.
-        forward_size: Transitions per reward-net call, or ``"auto"`` to time a few
-            sizes on the first minibatch (cached per net architecture, input shape
-            and device; the choice is logged as ``forward_size``).
+        forward_size: Transitions per reward-net call, or ``"auto"``: from the
+            memory probe's bytes per transition and the device (deterministic: the
+            whole chunk on CUDA, calls whose activations fit
+            ``planning.probe.CPU_CALL_BYTES`` on a CPU; logged as ``forward_size``).
         drop_last: Drop each epoch's last batch if it is partial.
         max_grad_norm: Clip the gradient norm to this once per step.
         progress_bar: Show a tqdm progress bar over steps.
@@ -93,13 +93,16 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
         activation_checkpointing: Recompute the activations of the net's
             ``CnnRewardNet`` convolutions in the backward instead of keeping them
             (non-reentrant checkpointing; exact).
-        two_pass: ``None`` lets the planner choose two passes when one pair does
-            not fit, or when it measures them faster (``forward_size="auto"``);
+        two_pass: ``None`` runs two passes only when one pair does not fit;
             ``True``/``False`` pins the choice.
         acceleration: Accelerator options, all off by default: an
             :class:`~imitation_accum.engine.acceleration.Acceleration` or a mapping
             of its fields (``pinned_staging``, ``channels_last``, ``compile``,
             ``cudnn_benchmark``); see ``docs/gpu.md``.
+
+    ``minibatch_size``, ``memory_budget``, ``forward_size``, ``two_pass``,
+    ``batch_size``, ``epochs``, ``lr``, ``max_grad_norm``, ``optim`` and ``logger``
+    may be assigned after construction: each ``train()`` reads and checks them.
 
     Raises:
         ValueError: if an argument is out of range (named in the message), both
@@ -150,37 +153,44 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
     ) -> None:
         arguments.check_preference_model(preference_model, ensemble=self._for_ensembles)
         arguments.check_loss_and_rng(loss, rng)
-        batch, minibatch, parsed_budget = arguments.check_minibatching(
-            batch_size, minibatch_size, memory_budget
+        arguments.check_trainer_values(
+            {
+                "batch_size": batch_size,
+                "minibatch_size": minibatch_size,
+                "memory_budget": memory_budget,
+                "epochs": epochs,
+                "lr": lr,
+                "forward_size": forward_size,
+                "max_grad_norm": max_grad_norm,
+                "autocast_dtype": autocast_dtype,
+                "drop_last": drop_last,
+                "progress_bar": progress_bar,
+                "activation_checkpointing": activation_checkpointing,
+                "two_pass": two_pass,
+                "optimizer_kwargs": optimizer_kwargs,
+            },
+            optimizer_cls=optimizer_cls,
         )
-        self.batch_size = batch
-        self.minibatch_size: Optional[int] = minibatch  # type: ignore[assignment]
-        self.memory_budget = parsed_budget
-        self.epochs = _validation.positive_int("epochs", epochs)
-        lr = _validation.finite_float("lr", lr, allow_zero=True)
-        self.forward_size = _validation.forward_size_arg(forward_size)
+        self.batch_size = batch_size
+        self.minibatch_size: Optional[int] = minibatch_size  # type: ignore[assignment]
+        self.memory_budget = budget.parse_budget(memory_budget)
+        self.epochs = epochs
+        self.forward_size = forward_size
+        self.two_pass = two_pass
+        self.drop_last = drop_last
+        self.progress_bar = progress_bar
         self.autocast_dtype = precision.parse_autocast_dtype(autocast_dtype)
-        self.activation_checkpointing = arguments.check_flag(
-            "activation_checkpointing", activation_checkpointing
-        )
-        self.two_pass = arguments.check_optional_flag("two_pass", two_pass)
+        self.activation_checkpointing = activation_checkpointing
         self.acceleration = acceleration_options.Acceleration.parse(acceleration)
-        self.drop_last = arguments.check_flag("drop_last", drop_last)
-        self.max_grad_norm = (
-            None
-            if max_grad_norm is None
-            else _validation.positive_finite_float("max_grad_norm", max_grad_norm)
-        )
-        self.progress_bar = arguments.check_flag("progress_bar", progress_bar)
-        arguments.check_optimizer_kwargs(
-            "optimizer_kwargs", optimizer_kwargs, optimizer_cls
-        )
 
         # imitation's BasicRewardTrainer.__init__ insists that batch_size be a
         # multiple of minibatch_size; skip it and set up the same attributes.
         pc.RewardTrainer.__init__(self, preference_model, custom_logger)
         self.loss = loss
         self.rng = rng
+        self._engine: Optional[GradientAccumulator] = None
+        self._max_grad_norm = max_grad_norm
+        self.regularizer = None
         self.optim = optimizer_cls(
             self._preference_model.parameters(),
             **{"lr": lr, **(optimizer_kwargs or {})},
@@ -190,19 +200,21 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
             if regularizer_factory is not None
             else None
         )
-        self._task = pair_task.task_for(preference_model)
-        if self.acceleration.pinned_staging:
-            self._task.stager = staging.RangeStager()
-        self._gt_losses: Optional[np.ndarray] = None
-        self.planner = Planner(
-            minibatch_size=self.minibatch_size,
-            forward_size=self.forward_size,
-            two_pass=self.two_pass,
-            log=self._log,
+        self._task = pair_task.task_for(
+            preference_model,
+            stager=staging.RangeStager() if self.acceleration.pinned_staging else None,
         )
+        self._gt_losses: Optional[np.ndarray] = None
+        self._profiles: Dict[Hashable, probe.ActivationProfile] = {}
+        self._backed_off_cap: Optional[int] = None
+        self.last_policy: Optional[StepPolicy] = None
+        """The step policy of the last step (minibatch size, memory cap, ...)."""
         self.last_plan: Optional[StepPlan] = None
         """The plan of the last step (``forward_size``, ``two_pass``, chunks)."""
-        self._engine: Optional[GradientAccumulator] = None
+        self.memory_profile: Optional[probe.ActivationProfile] = None
+        """The memory probe's profile of the net, once one was needed."""
+        self.n_skipped_steps = 0
+        """float16 steps skipped for overflowing gradients."""
         if not self._for_ensembles:
             self._check_memory_options()
             self._engine = self._make_engine()
@@ -210,6 +222,66 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
                 autocast_dtype=self.autocast_dtype,
                 activation_checkpointing=self.activation_checkpointing,
             )
+
+    # imitation reads and assigns these; the engine and regularizer follow.
+    @property
+    def logger(self) -> imit_logger.HierarchicalLogger:
+        """The logger; setting it also redirects the regularizer's records."""
+        return self._logger
+
+    @logger.setter
+    def logger(self, custom_logger: imit_logger.HierarchicalLogger) -> None:
+        self._logger = custom_logger
+        for follower in self._logger_followers():
+            follower.logger = custom_logger
+
+    def _logger_followers(self) -> List[Any]:
+        """What logs through this trainer's logger (a hook): the regularizer."""
+        # May not exist yet: imitation's constructor assigns the logger first.
+        regularizer = getattr(self, "regularizer", None)
+        return [] if regularizer is None else [regularizer]
+
+    @property  # type: ignore[override]
+    def optim(self) -> th.optim.Optimizer:
+        """The optimizer (imitation's attribute); the engine steps this one."""
+        return self._optim
+
+    @optim.setter
+    def optim(self, optimizer: th.optim.Optimizer) -> None:
+        if not isinstance(optimizer, th.optim.Optimizer):
+            raise TypeError(
+                "optim must be a torch.optim.Optimizer, got "
+                f"{type(optimizer).__name__}",
+            )
+        self._optim = optimizer
+        if self._engine is not None:
+            self._engine.optimizer = optimizer
+        if self.regularizer is not None:
+            self.regularizer.optimizer = optimizer
+
+    @property
+    def lr(self) -> float:
+        """The optimizer's learning rate (of its first parameter group)."""
+        return float(self.optim.param_groups[0]["lr"])
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        value = _validation.finite_float("lr", value, allow_zero=True)
+        for group in self.optim.param_groups:
+            group["lr"] = value
+
+    @property
+    def max_grad_norm(self) -> Optional[float]:
+        """The gradient norm each step is clipped to (``None``: no clipping)."""
+        return self._max_grad_norm
+
+    @max_grad_norm.setter
+    def max_grad_norm(self, value: Optional[float]) -> None:
+        if value is not None:
+            value = _validation.positive_finite_float("max_grad_norm", value)
+        self._max_grad_norm = value
+        if self._engine is not None:
+            self._engine.max_grad_norm = value
 
     def _check_memory_options(self) -> None:
         """Checks the budget and precision against the net (before training)."""
@@ -245,23 +317,16 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
         """
         return indices
 
-    def _log(self, message: str) -> None:
-        self.logger.log(message)
-
     @property
     def engine(self) -> GradientAccumulator:
         """The accumulation engine stepping this trainer's reward net."""
         assert self._engine is not None
         return self._engine
 
-    @property
-    def memory_profile(self) -> Optional[probe.ActivationProfile]:
-        """The memory probe's profile of the net, once a budget was planned."""
-        return self.planner.profile
-
     def _train(self, dataset: data_th.Dataset, epoch_multiplier: float = 1.0) -> None:
         """Trains for ``round(epochs * epoch_multiplier)`` epochs over ``dataset``."""
         table = pair_table.read_preferences(dataset)
+        self._check_settings()
         epochs = round(self.epochs * epoch_multiplier)
         if epochs < 1:
             raise ValueError(
@@ -285,7 +350,7 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
         )
         self._task.refresh_device()
         self._gt_losses = self._task.ground_truth_losses(table)
-        self._plan_memory(table)
+        policy = self._step_policy(table)
         progress = tqdm(
             total=epochs * steps_per_epoch,
             desc="Training reward model",
@@ -306,7 +371,7 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
                     for step_in_epoch, batch in enumerate(batches):
                         try:
                             with self.logger.add_key_prefix("train"):
-                                result = self._train_step(table, batch)
+                                policy, result = self._train_step(table, batch, policy)
                         except BaseException:
                             if step_in_epoch == 0:
                                 self.rng.bit_generator.state = rng_before_epoch
@@ -323,7 +388,7 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
                             progress.set_postfix(records.postfix(result), refresh=False)
                     if val_idx is not None:
                         train_loss = epoch_loss_sum / epoch_items
-                        self._update_regularizer(table, val_idx, train_loss)
+                        self._update_regularizer(table, val_idx, train_loss, policy)
                 if self.progress_bar:  # the bar's companion: a line per epoch
                     self.logger.log(
                         records.epoch_line(
@@ -339,59 +404,174 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
             progress.set_postfix(records.postfix(result), refresh=True)
         records.record_final_values(self.logger, epoch_num)
 
+    def _check_settings(self) -> None:
+        """Checks the settings a ``train()`` reads, as the constructor does."""
+        arguments.check_trainer_values(
+            {
+                "batch_size": self.batch_size,
+                "minibatch_size": self.minibatch_size,
+                "memory_budget": self.memory_budget,
+                "epochs": self.epochs,
+                "forward_size": self.forward_size,
+                "drop_last": self.drop_last,
+                "progress_bar": self.progress_bar,
+                "two_pass": self.two_pass,
+            }
+        )
+
+    def _step_policy(self, table: pair_table.PreferenceTable) -> StepPolicy:
+        """This ``train()``'s step policy, from the trainer's attributes.
+
+        The memory probe runs (once per input, device and optimizer) when a
+        ``memory_budget`` is given or ``forward_size="auto"``.
+        """
+        precision.check_supported(self.autocast_dtype, self._task.device)
+        forward_size: Optional[int] = None
+        cap = None
+        if self.forward_size != "auto":
+            forward_size = int(self.forward_size)
+        if self.memory_budget is not None or self.forward_size == "auto":
+            profile = self._profile(table)
+            if self.forward_size == "auto":
+                forward_size = self._agreed_forward_size(profile.forward_size())
+            if self.memory_budget is not None:
+                cap = self._fit_budget(table, profile)
+        caps = [c for c in (cap, self._backed_off_cap) if c is not None]
+        return StepPolicy(
+            minibatch_size=self.minibatch_size,
+            chunk_cap=min(caps) if caps else None,
+            forward_size=forward_size,
+            two_pass=self.two_pass,
+        )
+
+    def _agreed_forward_size(self, size: Optional[int]) -> Optional[int]:
+        """The default forward size every process uses (a hook: this one's)."""
+        return size
+
+    def _profile(self, table: pair_table.PreferenceTable) -> probe.ActivationProfile:
+        """What a few reward-net calls on the first pair keep for backward; cached."""
+        frame = np.asarray(table.pairs[0][0].obs)
+        engine = self.engine
+        key = (
+            frame.shape[1:],
+            str(frame.dtype),
+            str(self._task.device),
+            engine.autocast_dtype,
+            bool(engine.checkpointed),
+            id(self.optim),  # its state is part of the fixed bytes
+        )
+        if key not in self._profiles:
+            layout = table.layout(np.arange(1))
+            net = self._task.net
+
+            def call(start: int, stop: int) -> th.Tensor:
+                return self._task.call(layout, start, stop, module=net)
+
+            self._profiles[key] = probe.profile_calls(
+                call,
+                layout.n_transitions,
+                measuring=lambda ckpt: engine.measuring(checkpointing=ckpt),
+                params=list(net.parameters()),
+                device=self._task.device,
+                fixed_bytes=budget.training_state_bytes(self.optim),
+                # obs and next_obs converted to float32 on the device.
+                input_bytes_per_transition=2 * 4 * int(np.prod(frame.shape[1:])),
+                checkpointed=self.activation_checkpointing,
+            )
+        self.memory_profile = self._profiles[key]
+        return self.memory_profile
+
+    def _fit_budget(
+        self,
+        table: pair_table.PreferenceTable,
+        profile: probe.ActivationProfile,
+    ) -> int:
+        """The transitions per chunk ``memory_budget`` holds; logged.
+
+        Raises:
+            ValueError: if not even one transition fits in the budget.
+        """
+        assert self.memory_budget is not None
+        pair_lengths = table.lengths.sum(1)
+        largest_batch = int(np.sort(pair_lengths)[-self.batch_size :].sum())
+        cap, in_bytes = probe.fit_budget(
+            self.memory_budget,
+            profile,
+            device=self._task.device,
+            resident_bytes=budget.resident_training_bytes(self.optim),
+            largest_batch=largest_batch,
+        )
+        self.logger.log(
+            probe.budget_message(
+                in_bytes,
+                profile,
+                cap=cap,
+                item=int(pair_lengths.max()),
+                largest_batch=largest_batch,
+            ),
+        )
+        return cap
+
+    def _run(
+        self,
+        table: pair_table.PreferenceTable,
+        indices: np.ndarray,
+        policy: StepPolicy,
+        *,
+        evaluation: bool,
+    ) -> Any:
+        """Plans and runs a step (or an evaluation) of pairs ``indices``."""
+        local = self._local_items(indices)
+        engine = self.engine
+
+        def step(plan: StepPlan) -> Any:
+            chunks = pair_chunks.make_chunks(self._task, table, local, plan)
+            run = engine.evaluate if evaluation else engine.step
+            return run(self._task, chunks, plan=plan, n_items=len(indices))
+
+        ran, plan, result = run_step(
+            table.lengths[local],  # per pair and side: mirrored calls
+            step,
+            policy,
+            device=self._task.device,
+            log=self.logger.log,
+            evaluation=evaluation,
+        )
+        if ran.chunk_cap != policy.chunk_cap:
+            # An out-of-memory back-off holds for later train() calls too.
+            self._backed_off_cap = ran.chunk_cap
+        self.last_policy, self.last_plan = ran, plan
+        return ran, plan, result
+
     def _train_step(
         self,
         table: pair_table.PreferenceTable,
         batch: np.ndarray,
-    ) -> StepResult:
-        local = self._local_items(batch)
-
-        def step(plan: StepPlan) -> StepResult:
-            chunks = pair_chunks.make_chunks(self._task, table, local, plan)
-            return self.engine.step(self._task, chunks, plan=plan, n_items=len(batch))
-
-        plan, result = self.planner.run(
-            table.lengths[local],  # per pair and side: mirrored calls
-            step,
-            PairWorkload.of(self._task, table, local, self.engine),
-            device=self._task.device,
-        )
-        self.last_plan = plan
+        policy: StepPolicy,
+    ) -> "tuple[StepPolicy, StepResult]":
+        policy, plan, result = self._run(table, batch, policy, evaluation=False)
+        self.n_skipped_steps += int(result.skipped)
         records.record_step(
             self.logger,
             result,
             plan,
             gt_loss=records.mean_of(self._gt_losses, batch),
-            profile=self.planner.profile,
-            skipped_steps=self.engine.n_skipped_steps,
+            profile=self.memory_profile if self.memory_budget is not None else None,
+            skipped_steps=self.n_skipped_steps,
             # Per-epoch figures go to files and TensorBoard; the printed table
             # gets the last epoch's (``reward/final/...``) and a line per epoch.
             exclude=("stdout", "log"),
         )
-        return result
+        return policy, result
 
     def _evaluate(
         self,
         table: pair_table.PreferenceTable,
         indices: np.ndarray,
+        policy: StepPolicy,
     ) -> EvaluationResult:
         """Loss and metrics of pairs ``indices``, planned as a no-grad evaluation."""
-        local = self._local_items(indices)
-
-        def evaluate(plan: StepPlan) -> EvaluationResult:
-            chunks = pair_chunks.make_chunks(self._task, table, local, plan)
-            return self.engine.evaluate(
-                self._task, chunks, plan=plan, n_items=len(indices)
-            )
-
-        _, result = self.planner.run(
-            table.lengths[local],  # per pair and side: mirrored calls
-            evaluate,
-            PairWorkload.of(self._task, table, local, self.engine),
-            device=self._task.device,
-            evaluation=True,
-        )
-        return result
+        return self._run(table, indices, policy, evaluation=True)[2]
 
     def evaluate(self, dataset: data_th.Dataset) -> EvaluationResult:
         """Loss and accuracy of the reward net on ``dataset``, without training.
@@ -408,27 +588,19 @@ class CrossEntropyRewardTrainer(ImitationAttributes):
             Mean loss, metrics (``accuracy``) and this process's per-pair losses.
         """
         table = pair_table.read_preferences(dataset)
+        self._check_settings()
         self._task.refresh_device()
-        return self._evaluate(table, np.arange(len(table)))
-
-    def _plan_memory(self, table: pair_table.PreferenceTable) -> None:
-        """Sizes chunks from ``memory_budget``, if one is given (before training)."""
-        precision.check_supported(self.autocast_dtype, self._task.device)
-        if self.memory_budget is not None:
-            memory_plan.fit_budget(self, table)
-
-    def _probe(self, table: pair_table.PreferenceTable) -> probe.ActivationProfile:
-        """Counts what a few reward-net calls on the first pair keep for backward."""
-        return memory_plan.probe_first_pair(self, table)
+        return self._evaluate(table, np.arange(len(table)), self._step_policy(table))
 
     def _update_regularizer(
         self,
         table: pair_table.PreferenceTable,
         val_idx: np.ndarray,
         train_loss: float,
+        policy: StepPolicy,
     ) -> None:
         assert self.regularizer is not None
-        val = self._evaluate(table, val_idx)
+        val = self._evaluate(table, val_idx, policy)
         if not (np.isfinite(val.loss) and np.isfinite(train_loss)):
             raise FloatingPointError(
                 f"non-finite loss for the lambda updater (train {train_loss}, "
