@@ -223,19 +223,12 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         gen_samples: Optional[Mapping] = None,
     ) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]:
         """Draws (or checks) one step's expert and generator samples."""
-        obs_shape = tuple(self.venv.observation_space.shape or ())
         batch_size = self.demo_batch_size
-        expert_name = "expert_samples"
+        expert_name, gen_name = "expert_samples", "gen_samples"
         if expert_samples is None:
             expert_samples = self._next_expert_batch()
             expert_name = "the demonstrations' batch"
-        expert = discriminator_task.transition_arrays(
-            expert_name,
-            expert_samples,
-            batch_size=batch_size,
-            obs_shape=obs_shape,
-        )
-        gen_name = "gen_samples"
+        # imitation's order: the replay buffer is checked before the samples are.
         if gen_samples is None:
             if self._gen_replay_buffer.size() == 0:
                 raise RuntimeError(
@@ -245,13 +238,12 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             sampled = self._gen_replay_buffer.sample(batch_size)
             gen_samples = types.dataclass_quick_asdict(sampled)
             gen_name = "the generator replay buffer's sample"
-        generated = discriminator_task.transition_arrays(
-            gen_name,
-            gen_samples,
+        return discriminator_task.step_arrays(
+            (expert_name, expert_samples),
+            (gen_name, gen_samples),
             batch_size=batch_size,
-            obs_shape=obs_shape,
+            obs_shape=tuple(self.venv.observation_space.shape or ()),
         )
-        return expert, generated
 
     def _policy_log_probs(
         self,
