@@ -451,15 +451,20 @@ def test_any_minibatch_size_is_accepted_and_the_alias_agrees(algo, venv, ppo):
             ours_cls, net, venv=venv, gen_algo=ppo, demo_batch_size=BATCH, **kwargs
         )
         assert trainer.demo_minibatch_size == 3
-        assert [
-            len(b["state"])
-            for b in trainer._make_disc_train_batches(
-                expert_samples=setup.random_samples(
-                    np.random.default_rng(0), BATCH, venv
-                ),
-                gen_samples=setup.random_samples(np.random.default_rng(1), BATCH, venv),
-            )
-        ] == [6, 6, 6, 2]
+        sizes = []  # transitions of each forward that back-propagates
+        logits_fn = trainer.logits_expert_is_high
+
+        def recording(state, *args, logits_fn=logits_fn, sizes=sizes):
+            if th.is_grad_enabled():
+                sizes.append(len(state))
+            return logits_fn(state, *args)
+
+        trainer.logits_expert_is_high = recording
+        trainer.train_disc(
+            expert_samples=setup.random_samples(np.random.default_rng(0), BATCH, venv),
+            gen_samples=setup.random_samples(np.random.default_rng(1), BATCH, venv),
+        )
+        assert sizes == [6, 6, 6, 2]
 
 
 @pytest.mark.parametrize("algo", ALGOS)

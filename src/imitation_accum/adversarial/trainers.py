@@ -19,7 +19,6 @@ from typing import (
     Any,
     ClassVar,
     Dict,
-    Iterator,
     List,
     Mapping,
     Optional,
@@ -368,40 +367,3 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             if write_summaries:
                 self._summary_writer.add_histogram("disc_logits", logits)
         return train_stats
-
-    def _make_disc_train_batches(
-        self,
-        *,
-        gen_samples: Optional[Mapping] = None,
-        expert_samples: Optional[Mapping] = None,
-    ) -> Iterator[Mapping[str, th.Tensor]]:
-        """The minibatch dictionaries of imitation's template, for any minibatch size.
-
-        ``train_disc`` does not use this; it is kept consistent for callers of
-        imitation's template method.
-
-        Args:
-            gen_samples: As in :meth:`train_disc`.
-            expert_samples: As in :meth:`train_disc`.
-
-        Yields:
-            ``state``, ``action``, ``next_state``, ``done``,
-            ``labels_expert_is_one`` and ``log_policy_act_prob`` of a minibatch.
-        """
-        expert, generated = self._disc_samples(
-            expert_samples=expert_samples,
-            gen_samples=gen_samples,
-        )
-        task = self._disc_task()
-        rows = self.planner.plan(np.ones(self.demo_batch_size, dtype=np.int64))
-        for chunk in self._disc_chunks(task, expert, generated, rows.item_chunks):
-            state, action, next_state, done = task.inputs(chunk)
-            yield {
-                "state": state,
-                "action": action,
-                "next_state": next_state,
-                "done": done,
-                "labels_expert_is_one": chunk.labels.long(),
-                # None without log-probabilities, as in imitation's own batches.
-                "log_policy_act_prob": chunk.log_policy_act_prob,  # type: ignore[dict-item]
-            }
