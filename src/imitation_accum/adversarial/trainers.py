@@ -35,12 +35,8 @@ from imitation.rewards import reward_nets
 from imitation.util import networks
 from stable_baselines3.common import base_class, vec_env
 
-from imitation_accum import _validation
 from imitation_accum.adversarial import discriminator_task
-from imitation_accum.adversarial.arguments import (
-    policy_observations,
-    resolve_minibatch_size,
-)
+from imitation_accum.adversarial.arguments import check_arguments, policy_observations
 from imitation_accum.adversarial.workload import DiscriminatorWorkload
 from imitation_accum.engine import acceleration as acceleration_options
 from imitation_accum.engine import staging
@@ -87,8 +83,11 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             ``demo_batch_size``, the alias disagrees, ``max_grad_norm`` is not a
             positive number, ``memory_budget`` does not parse, is smaller than
             the discriminator's parameters, gradients and optimizer state, or is
-            given with a minibatch size, or the reward net holds a
-            batch-norm layer (which cannot be accumulated exactly).
+            given with a minibatch size, ``n_disc_updates_per_round`` or
+            ``gen_train_timesteps`` is not a positive count,
+            ``disc_opt_kwargs`` is not a mapping, or the reward net holds a
+            batch-norm layer (which cannot be accumulated exactly); see
+            :func:`~imitation_accum.adversarial.arguments.check_arguments`.
     """
 
     #: Whether the discriminator reads the generator policy's log-probabilities.
@@ -109,25 +108,20 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         acceleration: acceleration_options.AccelerationArg = None,
         **kwargs: Any,
     ) -> None:
-        batch_size = _validation.positive_int("demo_batch_size", demo_batch_size)
-        chunk_size = resolve_minibatch_size(
-            demo_minibatch_size,
-            minibatch_size,
-            batch_size,
+        checked = check_arguments(
+            {
+                "demo_batch_size": demo_batch_size,
+                "demo_minibatch_size": demo_minibatch_size,
+                "minibatch_size": minibatch_size,
+                "max_grad_norm": max_grad_norm,
+                "memory_budget": memory_budget,
+                "acceleration": acceleration,
+                **kwargs,
+            },
         )
-        clip = (
-            None
-            if max_grad_norm is None
-            else _validation.positive_finite_float("max_grad_norm", max_grad_norm)
-        )
-        parsed_budget = budget.parse_budget(memory_budget)
-        self.acceleration = acceleration_options.Acceleration.parse(acceleration)
+        batch_size = checked.demo_batch_size
+        self.acceleration = checked.acceleration
         self.acceleration.check_net(reward_net)
-        if parsed_budget is not None and chunk_size is not None:
-            raise ValueError(
-                f"demo_minibatch_size (or minibatch_size)={chunk_size!r} and "
-                f"memory_budget={memory_budget!r} are alternatives: give one of them",
-            )
         # imitation rejects a demo_minibatch_size that does not divide
         # demo_batch_size; any size is exact here, so it gets None and the size is
         # set below.
@@ -140,12 +134,14 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             demo_minibatch_size=None,
             **kwargs,
         )
-        self.demo_minibatch_size = chunk_size or batch_size
-        self.max_grad_norm = clip
-        self.memory_budget = parsed_budget
+        self.demo_minibatch_size = checked.demo_minibatch_size or batch_size
+        self.max_grad_norm = checked.max_grad_norm
+        self.memory_budget = checked.memory_budget
         self.last_disc_result: Optional[StepResult] = None
         self._engine: GradientAccumulator[discriminator_task.DiscriminatorChunk] = (
-            GradientAccumulator(self._reward_net, self._disc_opt, max_grad_norm=clip)
+            GradientAccumulator(
+                self._reward_net, self._disc_opt, max_grad_norm=self.max_grad_norm
+            )
         )
         # Items are rows of an expert and a generator transition: one call each
         # chunk, never split.
@@ -157,11 +153,11 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             unit="row (an expert and a generator transition)",
         )
         budget.check_holds_training_state(
-            parsed_budget,
+            self.memory_budget,
             self._disc_opt,
             "the discriminator's parameters, gradients and optimizer state",
         )
-        budget.check_fits_device(parsed_budget, self._reward_net.device)
+        budget.check_fits_device(self.memory_budget, self._reward_net.device)
 
     @property
     def engine(
