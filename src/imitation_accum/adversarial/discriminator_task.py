@@ -239,10 +239,15 @@ class DiscriminatorChunk:
         ]
 
 
+#: The generator policy's log-probabilities of a chunk's actions, or ``None``.
+LogProbs = Callable[[DiscriminatorChunk], Optional[th.Tensor]]
+
+
 def make_chunks(
     batch: StagedBatch,
     rows: Sequence[slice],
     device: th.device,
+    log_probs: Optional[LogProbs] = None,
 ) -> List[DiscriminatorChunk]:
     """The chunks of a batch staged with :func:`stage_batch` and the same ``rows``.
 
@@ -250,6 +255,8 @@ def make_chunks(
         batch: The staged batch.
         rows: The rows of each chunk, as staged.
         device: Where the labels go (the reward net's device).
+        log_probs: Computes each chunk's ``log_policy_act_prob`` from its
+            transitions (AIRL); ``None`` leaves them ``None`` (GAIL).
 
     Returns:
         One chunk per entry of ``rows``.
@@ -258,7 +265,10 @@ def make_chunks(
     for r in rows:
         n = r.stop - r.start
         labels = th.cat([th.ones(n, device=device), th.zeros(n, device=device)])
-        chunks.append(DiscriminatorChunk(batch, offset, offset + 2 * n, labels))
+        chunk = DiscriminatorChunk(batch, offset, offset + 2 * n, labels)
+        if log_probs is not None:
+            chunk = dataclasses.replace(chunk, log_policy_act_prob=log_probs(chunk))
+        chunks.append(chunk)
         offset += 2 * n
     return chunks
 

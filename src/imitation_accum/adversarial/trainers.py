@@ -274,11 +274,11 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             keys=task.staged_keys,
             pin_memory="cuda" in devices,
         )
-        chunks = discriminator_task.make_chunks(batch, rows, self.reward_train.device)
+        log_probs = self._policy_log_probs if self._uses_policy_log_probs else None
+        chunks = discriminator_task.make_chunks(
+            batch, rows, self.reward_train.device, log_probs
+        )
         task.stage(chunks)
-        if self._uses_policy_log_probs:
-            for chunk in chunks:
-                chunk.log_policy_act_prob = self._policy_log_probs(chunk)
         return chunks
 
     def _disc_task(self) -> discriminator_task.DiscriminatorTask:
