@@ -8,6 +8,7 @@ Adam relative to the gradient norm. The naive variants fail the same comparisons
 """
 
 import copy
+import logging
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from torch.nn import functional as F  # noqa: N812
 
 import imitation_accum
 from imitation_accum.nets import input_preparation
+from imitation_accum.scripts import train_adversarial
 from tests import adversarial_setup as setup
 
 TOL = 1e-4  # relative; float32 round-off gives ~1e-6
@@ -429,6 +431,41 @@ def test_bad_arguments_are_named(algo, kwargs, named, venv, ppo):
         )
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"demo_batch_size": 0},
+        {"demo_minibatch_size": BATCH + 1},
+        {"demo_minibatch_size": 2, "minibatch_size": 3},
+        {"max_grad_norm": float("nan")},
+        {"memory_budget": "lots"},
+        {"demo_minibatch_size": 3, "memory_budget": "1GiB"},
+        {"acceleration": {"compile": "yes"}},
+        {"n_disc_updates_per_round": 0},
+        {"gen_train_timesteps": -5},
+        {"disc_opt_kwargs": "lr=0.1"},
+    ],
+)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_constructor_and_config_hook_give_the_same_message(algo, kwargs, venv, ppo):
+    ours_cls, _ = ALGOS[algo]
+    kwargs = {"demo_batch_size": BATCH, **kwargs}
+    with pytest.raises(ValueError) as constructed:
+        setup.make_trainer(
+            ours_cls, make_net(algo, venv), venv=venv, gen_algo=ppo, **kwargs
+        )
+    config = {"algorithm_kwargs": kwargs, "algorithm_specific": {}}
+    with pytest.raises(ValueError) as configured:
+        train_adversarial.check_algorithm_kwargs(
+            config, algo.lower(), logging.getLogger(__name__)
+        )
+    key = list(kwargs)[-1]  # the bad one
+    assert f"algorithm_kwargs.{key}" in str(configured.value)
+    assert str(configured.value).replace("algorithm_kwargs.", "") == str(
+        constructed.value
+    )
+
+
 @pytest.mark.parametrize("algo", ALGOS)
 def test_any_minibatch_size_is_accepted_and_the_alias_agrees(algo, venv, ppo):
     ours_cls, imitation_cls = ALGOS[algo]
@@ -451,15 +488,20 @@ def test_any_minibatch_size_is_accepted_and_the_alias_agrees(algo, venv, ppo):
             ours_cls, net, venv=venv, gen_algo=ppo, demo_batch_size=BATCH, **kwargs
         )
         assert trainer.demo_minibatch_size == 3
-        assert [
-            len(b["state"])
-            for b in trainer._make_disc_train_batches(
-                expert_samples=setup.random_samples(
-                    np.random.default_rng(0), BATCH, venv
-                ),
-                gen_samples=setup.random_samples(np.random.default_rng(1), BATCH, venv),
-            )
-        ] == [6, 6, 6, 2]
+        sizes = []  # transitions of each forward that back-propagates
+        logits_fn = trainer.logits_expert_is_high
+
+        def recording(state, *args, logits_fn=logits_fn, sizes=sizes):
+            if th.is_grad_enabled():
+                sizes.append(len(state))
+            return logits_fn(state, *args)
+
+        trainer.logits_expert_is_high = recording
+        trainer.train_disc(
+            expert_samples=setup.random_samples(np.random.default_rng(0), BATCH, venv),
+            gen_samples=setup.random_samples(np.random.default_rng(1), BATCH, venv),
+        )
+        assert sizes == [6, 6, 6, 2]
 
 
 @pytest.mark.parametrize("algo", ALGOS)

@@ -12,6 +12,7 @@ import pytest
 import torch as th
 from imitation.algorithms.adversarial import airl as imitation_airl
 from imitation.algorithms.adversarial import gail as imitation_gail
+from imitation.data import types
 from imitation.rewards.reward_nets import (
     BasicRewardNet,
     BasicShapedRewardNet,
@@ -323,3 +324,47 @@ def test_a_wrong_sample_count_keeps_imitations_message(rng):
         ),
     ):
         trainer.train_disc(expert_samples=samples, gen_samples=short)
+
+
+def imitation_test_trainer(cls, algo: str, venv, ppo, demos):
+    """The trainer of imitation 1.0.1's ``tests/algorithms/test_adversarial.py``.
+
+    One demonstration per batch (its default ``demo_batch_size``), on CartPole.
+    """
+    if algo == "AIRL":
+        net = BasicShapedRewardNet(venv.observation_space, venv.action_space)
+    else:
+        net = BasicRewardNet(venv.observation_space, venv.action_space)
+    return cls(
+        demonstrations=demos,
+        demo_batch_size=1,
+        venv=venv,
+        gen_algo=ppo,
+        reward_net=net,
+        custom_logger=setup.quiet_logger(),
+    )
+
+
+@pytest.mark.parametrize("algo", ["AIRL", "GAIL"])
+def test_imitations_sample_errors_are_raised_in_its_order(algo):
+    """As imitation 1.0.1's tests of train_disc without or with unequal samples."""
+    venv = setup.make_venv("CartPole-v1")
+    ppo = setup.small_ppo(venv)
+    demos = setup.rollout_demonstrations(venv, ppo, min_timesteps=20)
+    assert len(demos) >= 2
+    expert_samples = types.dataclass_quick_asdict(demos)
+    gen_samples = types.dataclass_quick_asdict(demos[:-1])
+    messages = []
+    for cls in (IMITATION[algo], ACCUM[algo]):
+        trainer = imitation_test_trainer(cls, algo, venv, ppo, demos)
+        with pytest.raises(RuntimeError, match="No generator samples"):
+            trainer.train_disc()
+        # imitation checks for an empty replay buffer before it counts samples.
+        with pytest.raises(RuntimeError, match="No generator samples"):
+            trainer.train_disc(expert_samples=expert_samples)
+        with pytest.raises(ValueError, match="n_expert") as error:
+            trainer.train_disc(expert_samples=expert_samples, gen_samples=gen_samples)
+        messages.append(str(error.value))
+    imitations, ours = messages
+    assert "(n_gen=" in imitations
+    assert ours.startswith(imitations)

@@ -1,5 +1,12 @@
-"""What an adversarial trainer is given: minibatch sizes, observation layouts."""
+"""What an adversarial trainer is given: its arguments' checks, observation layouts.
 
+Each argument of AIRL/GAIL this package checks has one function here, and
+:func:`check_arguments` runs them all: the constructors call it on their
+arguments and the sacred config hook on ``algorithm_kwargs``, so a bad value gets
+the same message either way, naming the argument (or ``algorithm_kwargs.<key>``).
+"""
+
+import dataclasses
 from typing import Any, Mapping, Optional
 
 import gymnasium as gym
@@ -7,7 +14,72 @@ import torch as th
 from stable_baselines3.common import preprocessing
 
 from imitation_accum import _validation
+from imitation_accum.engine import acceleration as acceleration_options
 from imitation_accum.planning import budget
+
+
+@dataclasses.dataclass(frozen=True)
+class DiscriminatorArguments:
+    """The checked arguments of the discriminator update."""
+
+    demo_batch_size: int
+    demo_minibatch_size: Optional[int]
+    """``None`` for the whole batch."""
+    max_grad_norm: Optional[float]
+    memory_budget: Optional[budget.Budget]
+    acceleration: acceleration_options.Acceleration
+
+
+def check_arguments(
+    kwargs: Mapping[str, Any],
+    prefix: str = "",
+) -> DiscriminatorArguments:
+    """Checks the keyword arguments of an AIRL/GAIL trainer.
+
+    Args:
+        kwargs: Keyword arguments of ``imitation_accum.AIRL`` or ``GAIL``; those
+            not checked here are left to imitation.
+        prefix: Prepended to each name in messages (``algorithm_kwargs.``).
+
+    Returns:
+        The arguments the discriminator update reads, checked.
+
+    Raises:
+        ValueError: naming the first invalid argument, or the minibatch size and
+            the memory budget given together.
+    """
+    batch_size = check_demo_batch_size(kwargs.get("demo_batch_size"), prefix)
+    minibatch_size = resolve_minibatch_size(
+        kwargs.get("demo_minibatch_size"),
+        kwargs.get("minibatch_size"),
+        batch_size,
+        prefix,
+    )
+    clip = check_max_grad_norm(kwargs.get("max_grad_norm"), prefix)
+    parsed_budget = check_memory_budget(
+        kwargs.get("memory_budget"), minibatch_size, prefix
+    )
+    options = check_acceleration(kwargs.get("acceleration"), prefix)
+    # imitation's defaults (2, None, None) pass these checks.
+    check_n_disc_updates_per_round(kwargs.get("n_disc_updates_per_round", 2), prefix)
+    check_gen_train_timesteps(kwargs.get("gen_train_timesteps"), prefix)
+    check_disc_opt_kwargs(kwargs.get("disc_opt_kwargs"), prefix)
+    return DiscriminatorArguments(
+        demo_batch_size=batch_size,
+        demo_minibatch_size=minibatch_size,
+        max_grad_norm=clip,
+        memory_budget=parsed_budget,
+        acceleration=options,
+    )
+
+
+def check_demo_batch_size(value: object, prefix: str = "") -> int:
+    """Checks ``demo_batch_size``: a positive int.
+
+    Raises:
+        ValueError: naming ``prefix + "demo_batch_size"`` otherwise.
+    """
+    return _validation.positive_int(f"{prefix}demo_batch_size", value)
 
 
 def resolve_minibatch_size(
@@ -54,47 +126,84 @@ def resolve_minibatch_size(
     return value
 
 
-def check_algorithm_values(kwargs: Mapping[str, Any], prefix: str = "") -> None:
-    """Checks the values of an AIRL/GAIL trainer's keyword arguments.
-
-    What the constructors check, checked from a config before anything is
-    built, each message naming ``prefix + name``.
-
-    Args:
-        kwargs: Keyword arguments of ``imitation_accum.AIRL`` or ``GAIL``.
-        prefix: Prepended to each name (``algorithm_kwargs.``).
+def check_max_grad_norm(value: object, prefix: str = "") -> Optional[float]:
+    """Checks ``max_grad_norm``: ``None`` or a positive finite number.
 
     Raises:
-        ValueError: naming the first invalid argument, or the minibatch size and
-            memory budget given together.
+        ValueError: naming ``prefix + "max_grad_norm"`` otherwise.
     """
-    batch = _validation.positive_int(
-        f"{prefix}demo_batch_size", kwargs.get("demo_batch_size")
-    )
-    chunk = resolve_minibatch_size(
-        kwargs.get("demo_minibatch_size"), kwargs.get("minibatch_size"), batch, prefix
-    )
-    parsed = budget.parse_budget(kwargs.get("memory_budget"), f"{prefix}memory_budget")
-    if parsed is not None and chunk is not None:
+    if value is None:
+        return None
+    return _validation.positive_finite_float(f"{prefix}max_grad_norm", value)
+
+
+def check_memory_budget(
+    value: object,
+    minibatch_size: Optional[int],
+    prefix: str = "",
+) -> Optional[budget.Budget]:
+    """Checks ``memory_budget``, an alternative to a minibatch size.
+
+    Args:
+        value: ``None``, bytes, a size such as ``"6GiB"``, or ``"auto"``.
+        minibatch_size: The checked minibatch size (see
+            :func:`resolve_minibatch_size`).
+        prefix: Prepended to each name in messages (``algorithm_kwargs.``).
+
+    Returns:
+        The parsed budget, or ``None``.
+
+    Raises:
+        ValueError: if ``value`` does not parse or comes with a minibatch size.
+    """
+    parsed = budget.parse_budget(value, f"{prefix}memory_budget")
+    if parsed is not None and minibatch_size is not None:
         raise ValueError(
-            f"{prefix}demo_minibatch_size (or minibatch_size)={chunk!r} and "
-            f"{prefix}memory_budget={kwargs.get('memory_budget')!r} are "
-            "alternatives: give one of them",
+            f"{prefix}demo_minibatch_size (or minibatch_size)={minibatch_size!r} and "
+            f"{prefix}memory_budget={value!r} are alternatives: give one of them",
         )
-    if kwargs.get("max_grad_norm") is not None:
-        _validation.positive_finite_float(
-            f"{prefix}max_grad_norm", kwargs["max_grad_norm"]
-        )
-    if "n_disc_updates_per_round" in kwargs:
-        _validation.positive_int(
-            f"{prefix}n_disc_updates_per_round", kwargs["n_disc_updates_per_round"]
-        )
-    if kwargs.get("gen_train_timesteps") is not None:
-        _validation.positive_count(
-            f"{prefix}gen_train_timesteps", kwargs["gen_train_timesteps"]
-        )
-    options = kwargs.get("disc_opt_kwargs")
-    if options is not None and not isinstance(options, Mapping):
+    return parsed
+
+
+def check_acceleration(
+    value: acceleration_options.AccelerationArg,
+    prefix: str = "",
+) -> acceleration_options.Acceleration:
+    """Checks ``acceleration`` (see ``Acceleration.parse``).
+
+    Raises:
+        ValueError: naming ``prefix + "acceleration.<field>"`` that is invalid.
+    """
+    return acceleration_options.Acceleration.parse(value, f"{prefix}acceleration")
+
+
+def check_n_disc_updates_per_round(value: object, prefix: str = "") -> int:
+    """Checks ``n_disc_updates_per_round``: a positive int.
+
+    Raises:
+        ValueError: naming ``prefix + "n_disc_updates_per_round"`` otherwise.
+    """
+    return _validation.positive_int(f"{prefix}n_disc_updates_per_round", value)
+
+
+def check_gen_train_timesteps(value: object, prefix: str = "") -> Optional[int]:
+    """Checks ``gen_train_timesteps``: ``None`` or a positive whole number.
+
+    Raises:
+        ValueError: naming ``prefix + "gen_train_timesteps"`` otherwise.
+    """
+    if value is None:
+        return None
+    return _validation.positive_count(f"{prefix}gen_train_timesteps", value)
+
+
+def check_disc_opt_kwargs(value: object, prefix: str = "") -> None:
+    """Checks ``disc_opt_kwargs``: ``None`` or a mapping.
+
+    Raises:
+        ValueError: naming ``prefix + "disc_opt_kwargs"`` otherwise.
+    """
+    if value is not None and not isinstance(value, Mapping):
         raise ValueError(f"{prefix}disc_opt_kwargs must be None or a dict")
 
 

@@ -8,7 +8,7 @@ one call of the trainer's ``logits_expert_is_high`` on its transitions; its loss
 the sum of the per-transition binary cross-entropies with logits (label 1 for the
 expert), which the engine divides by the transitions in the batch.
 
-Samples are checked (:func:`transition_arrays`) and staged once per step in chunk
+Samples are checked (:func:`step_arrays`) and staged once per step in chunk
 order (:func:`stage_batch`), so that each chunk is one contiguous slice on its way
 to the device.
 
@@ -47,30 +47,58 @@ def _as_array(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-def transition_arrays(
-    name: str,
-    samples: Mapping[str, Any],
+def step_arrays(
+    expert: Tuple[str, Mapping[str, Any]],
+    generated: Tuple[str, Mapping[str, Any]],
     *,
     batch_size: int,
     obs_shape: Tuple[int, ...],
-) -> Dict[str, np.ndarray]:
-    """The fields the discriminator reads, checked, as arrays.
+) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]:
+    """One step's expert and generator fields the discriminator reads, checked.
 
     Args:
-        name: The argument's name, for error messages.
-        samples: A mapping with ``obs``, ``acts``, ``next_obs`` and ``dones``
-            (arrays or tensors; other keys are ignored).
-        batch_size: The transitions every field must hold.
+        expert: The expert samples' name (for error messages) and the samples: a
+            mapping with ``obs``, ``acts``, ``next_obs`` and ``dones`` (arrays or
+            tensors; other keys are ignored).
+        generated: The generator samples' name and the samples, in the same form.
+        batch_size: The transitions every field of each must hold.
         obs_shape: The shape of one observation, as the environment emits it.
 
     Returns:
-        The four fields as numpy arrays (views where possible), frames in the
-        environment's layout.
+        The four fields of the expert and of the generator samples as numpy arrays
+        (views where possible), frames in the environment's layout.
 
     Raises:
         ValueError: if a field is missing, holds another number of transitions, or
             its observations fit the environment's shape in neither layout.
     """
+    expert_name, gen_name = expert[0], generated[0]
+    expert_arrays, gen_arrays = _field_arrays(*expert), _field_arrays(*generated)
+    n_expert, n_gen = _count(expert_arrays["obs"]), _count(gen_arrays["obs"])
+    if not n_gen == n_expert == batch_size:
+        wrong = [
+            f"{name}['obs'] holds {n}"
+            for name, n in ((expert_name, n_expert), (gen_name, n_gen))
+            if n != batch_size
+        ]
+        # imitation's message first, whole: code that matches on it keeps working.
+        raise ValueError(
+            "Need to have exactly `demo_batch_size` number of expert and "
+            "generator samples, each. "
+            f"(n_gen={n_gen} n_expert={n_expert} demo_batch_size={batch_size}): "
+            f"{' and '.join(wrong)} transitions",
+        )
+    return (
+        _checked(expert_name, expert_arrays, batch_size, obs_shape),
+        _checked(gen_name, gen_arrays, batch_size, obs_shape),
+    )
+
+
+def _count(array: np.ndarray) -> int:
+    return 0 if array.ndim == 0 else len(array)
+
+
+def _field_arrays(name: str, samples: Mapping[str, Any]) -> Dict[str, np.ndarray]:
     if not isinstance(samples, Mapping):
         raise ValueError(
             f"{name} must be a mapping of transition fields, got "
@@ -79,16 +107,23 @@ def transition_arrays(
     missing = [key for key in FIELDS if key not in samples]
     if missing:
         raise ValueError(f"{name} lacks the field(s) {missing}")
-    arrays = {key: _as_array(samples[key]) for key in FIELDS}
+    return {key: _as_array(samples[key]) for key in FIELDS}
+
+
+def _checked(
+    name: str,
+    arrays: Dict[str, np.ndarray],
+    batch_size: int,
+    obs_shape: Tuple[int, ...],
+) -> Dict[str, np.ndarray]:
     for key, array in arrays.items():
-        if array.ndim == 0 or len(array) != batch_size:
-            n = 0 if array.ndim == 0 else len(array)
-            # imitation's message first: code that matches on it keeps working.
+        if _count(array) != batch_size:
             raise ValueError(
                 "Need to have exactly `demo_batch_size` number of expert and "
-                f"generator samples, each. {name}[{key!r}] holds {n} transitions; "
-                f"demo_batch_size={batch_size} needs exactly {batch_size} expert "
-                "and as many generator transitions per discriminator step",
+                f"generator samples, each. {name}[{key!r}] holds {_count(array)} "
+                f"transitions; demo_batch_size={batch_size} needs exactly "
+                f"{batch_size} expert and as many generator transitions per "
+                "discriminator step",
             )
     for key in ("obs", "next_obs"):
         arrays[key] = in_env_layout(arrays[key], obs_shape)
@@ -204,10 +239,15 @@ class DiscriminatorChunk:
         ]
 
 
+#: The generator policy's log-probabilities of a chunk's actions, or ``None``.
+LogProbs = Callable[[DiscriminatorChunk], Optional[th.Tensor]]
+
+
 def make_chunks(
     batch: StagedBatch,
     rows: Sequence[slice],
     device: th.device,
+    log_probs: Optional[LogProbs] = None,
 ) -> List[DiscriminatorChunk]:
     """The chunks of a batch staged with :func:`stage_batch` and the same ``rows``.
 
@@ -215,6 +255,8 @@ def make_chunks(
         batch: The staged batch.
         rows: The rows of each chunk, as staged.
         device: Where the labels go (the reward net's device).
+        log_probs: Computes each chunk's ``log_policy_act_prob`` from its
+            transitions (AIRL); ``None`` leaves them ``None`` (GAIL).
 
     Returns:
         One chunk per entry of ``rows``.
@@ -223,7 +265,10 @@ def make_chunks(
     for r in rows:
         n = r.stop - r.start
         labels = th.cat([th.ones(n, device=device), th.zeros(n, device=device)])
-        chunks.append(DiscriminatorChunk(batch, offset, offset + 2 * n, labels))
+        chunk = DiscriminatorChunk(batch, offset, offset + 2 * n, labels)
+        if log_probs is not None:
+            chunk = dataclasses.replace(chunk, log_policy_act_prob=log_probs(chunk))
+        chunks.append(chunk)
         offset += 2 * n
     return chunks
 

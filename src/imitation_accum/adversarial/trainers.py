@@ -19,7 +19,6 @@ from typing import (
     Any,
     ClassVar,
     Dict,
-    Iterator,
     List,
     Mapping,
     Optional,
@@ -36,18 +35,18 @@ from imitation.rewards import reward_nets
 from imitation.util import networks
 from stable_baselines3.common import base_class, vec_env
 
-from imitation_accum import _validation
 from imitation_accum.adversarial import discriminator_task
 from imitation_accum.adversarial.arguments import (
+    check_arguments,
+    check_max_grad_norm,
     policy_observations,
-    resolve_minibatch_size,
 )
 from imitation_accum.engine import acceleration as acceleration_options
 from imitation_accum.engine import staging
 from imitation_accum.engine.accumulator import GradientAccumulator
 from imitation_accum.engine.task import StepResult
 from imitation_accum.planning import budget, probe
-from imitation_accum.planning.plan import StepPlan, StepPolicy, plan_step, run_step
+from imitation_accum.planning.plan import StepPlan, StepPolicy, run_step
 
 
 class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
@@ -86,8 +85,11 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             ``demo_batch_size``, the alias disagrees, ``max_grad_norm`` is not a
             positive number, ``memory_budget`` does not parse, is smaller than
             the discriminator's parameters, gradients and optimizer state, or is
-            given with a minibatch size, or the reward net holds a
-            batch-norm layer (which cannot be accumulated exactly).
+            given with a minibatch size, ``n_disc_updates_per_round`` or
+            ``gen_train_timesteps`` is not a positive count,
+            ``disc_opt_kwargs`` is not a mapping, or the reward net holds a
+            batch-norm layer (which cannot be accumulated exactly); see
+            :func:`~imitation_accum.adversarial.arguments.check_arguments`.
     """
 
     #: Whether the discriminator reads the generator policy's log-probabilities.
@@ -108,25 +110,20 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         acceleration: acceleration_options.AccelerationArg = None,
         **kwargs: Any,
     ) -> None:
-        batch_size = _validation.positive_int("demo_batch_size", demo_batch_size)
-        chunk_size = resolve_minibatch_size(
-            demo_minibatch_size,
-            minibatch_size,
-            batch_size,
+        checked = check_arguments(
+            {
+                "demo_batch_size": demo_batch_size,
+                "demo_minibatch_size": demo_minibatch_size,
+                "minibatch_size": minibatch_size,
+                "max_grad_norm": max_grad_norm,
+                "memory_budget": memory_budget,
+                "acceleration": acceleration,
+                **kwargs,
+            },
         )
-        clip = (
-            None
-            if max_grad_norm is None
-            else _validation.positive_finite_float("max_grad_norm", max_grad_norm)
-        )
-        parsed_budget = budget.parse_budget(memory_budget)
-        self.acceleration = acceleration_options.Acceleration.parse(acceleration)
+        batch_size = checked.demo_batch_size
+        self.acceleration = checked.acceleration
         self.acceleration.check_net(reward_net)
-        if parsed_budget is not None and chunk_size is not None:
-            raise ValueError(
-                f"demo_minibatch_size (or minibatch_size)={chunk_size!r} and "
-                f"memory_budget={memory_budget!r} are alternatives: give one of them",
-            )
         # imitation rejects a demo_minibatch_size that does not divide
         # demo_batch_size; any size is exact here, so it gets None and the size is
         # set below.
@@ -139,12 +136,13 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             demo_minibatch_size=None,
             **kwargs,
         )
-        self.demo_minibatch_size = chunk_size or batch_size
-        self.max_grad_norm = clip
-        self.memory_budget = parsed_budget
+        self.demo_minibatch_size = checked.demo_minibatch_size or batch_size
+        self.memory_budget = checked.memory_budget
         self.last_disc_result: Optional[StepResult] = None
         self._engine: GradientAccumulator[discriminator_task.DiscriminatorChunk] = (
-            GradientAccumulator(self._reward_net, self._disc_opt, max_grad_norm=clip)
+            GradientAccumulator(
+                self._reward_net, self._disc_opt, max_grad_norm=self.max_grad_norm
+            )
         )
         self._budget_cap: Optional[int] = None
         self._backed_off_cap: Optional[int] = None
@@ -153,11 +151,11 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         self.memory_profile: Optional[probe.ActivationProfile] = None
         """The memory probe's profile of the discriminator, with a budget."""
         budget.check_holds_training_state(
-            parsed_budget,
+            self.memory_budget,
             self._disc_opt,
             "the discriminator's parameters, gradients and optimizer state",
         )
-        budget.check_fits_device(parsed_budget, self._reward_net.device)
+        budget.check_fits_device(self.memory_budget, self._reward_net.device)
 
     @property
     def engine(
@@ -165,6 +163,15 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
     ) -> GradientAccumulator[discriminator_task.DiscriminatorChunk]:
         """The accumulation engine stepping the discriminator."""
         return self._engine
+
+    @property
+    def max_grad_norm(self) -> Optional[float]:
+        """The discriminator's gradient norm is clipped to this once per step."""
+        return self._engine.max_grad_norm
+
+    @max_grad_norm.setter
+    def max_grad_norm(self, value: Optional[float]) -> None:
+        self._engine.max_grad_norm = check_max_grad_norm(value)
 
     def _step_policy(self) -> StepPolicy:
         """The discriminator's step policy, from this trainer's attributes.
@@ -205,9 +212,9 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
                 rows,
                 keys=task.staged_keys,
             )
-            (chunk,) = discriminator_task.make_chunks(staged, rows, task.device)
-            if log_probs is not None:
-                chunk.log_policy_act_prob = log_probs(chunk)
+            (chunk,) = discriminator_task.make_chunks(
+                staged, rows, task.device, log_probs
+            )
             return task.forward(chunk, stop - start)
 
         profile = probe.profile_calls(
@@ -249,19 +256,12 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         gen_samples: Optional[Mapping] = None,
     ) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]:
         """Draws (or checks) one step's expert and generator samples."""
-        obs_shape = tuple(self.venv.observation_space.shape or ())
         batch_size = self.demo_batch_size
-        expert_name = "expert_samples"
+        expert_name, gen_name = "expert_samples", "gen_samples"
         if expert_samples is None:
             expert_samples = self._next_expert_batch()
             expert_name = "the demonstrations' batch"
-        expert = discriminator_task.transition_arrays(
-            expert_name,
-            expert_samples,
-            batch_size=batch_size,
-            obs_shape=obs_shape,
-        )
-        gen_name = "gen_samples"
+        # imitation's order: the replay buffer is checked before the samples are.
         if gen_samples is None:
             if self._gen_replay_buffer.size() == 0:
                 raise RuntimeError(
@@ -271,13 +271,12 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             sampled = self._gen_replay_buffer.sample(batch_size)
             gen_samples = types.dataclass_quick_asdict(sampled)
             gen_name = "the generator replay buffer's sample"
-        generated = discriminator_task.transition_arrays(
-            gen_name,
-            gen_samples,
+        return discriminator_task.step_arrays(
+            (expert_name, expert_samples),
+            (gen_name, gen_samples),
             batch_size=batch_size,
-            obs_shape=obs_shape,
+            obs_shape=tuple(self.venv.observation_space.shape or ()),
         )
-        return expert, generated
 
     def _policy_log_probs(
         self,
@@ -313,11 +312,11 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             keys=task.staged_keys,
             pin_memory="cuda" in devices,
         )
-        chunks = discriminator_task.make_chunks(batch, rows, self.reward_train.device)
+        log_probs = self._policy_log_probs if self._uses_policy_log_probs else None
+        chunks = discriminator_task.make_chunks(
+            batch, rows, self.reward_train.device, log_probs
+        )
         task.stage(chunks)
-        if self._uses_policy_log_probs:
-            for chunk in chunks:
-                chunk.log_policy_act_prob = self._policy_log_probs(chunk)
         return chunks
 
     def _disc_task(self) -> discriminator_task.DiscriminatorTask:
@@ -406,42 +405,3 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             if write_summaries:
                 self._summary_writer.add_histogram("disc_logits", logits)
         return train_stats
-
-    def _make_disc_train_batches(
-        self,
-        *,
-        gen_samples: Optional[Mapping] = None,
-        expert_samples: Optional[Mapping] = None,
-    ) -> Iterator[Mapping[str, th.Tensor]]:
-        """The minibatch dictionaries of imitation's template, for any minibatch size.
-
-        ``train_disc`` does not use this; it is kept consistent for callers of
-        imitation's template method.
-
-        Args:
-            gen_samples: As in :meth:`train_disc`.
-            expert_samples: As in :meth:`train_disc`.
-
-        Yields:
-            ``state``, ``action``, ``next_state``, ``done``,
-            ``labels_expert_is_one`` and ``log_policy_act_prob`` of a minibatch.
-        """
-        expert, generated = self._disc_samples(
-            expert_samples=expert_samples,
-            gen_samples=gen_samples,
-        )
-        task = self._disc_task()
-        rows = plan_step(
-            np.ones(self.demo_batch_size, dtype=np.int64), self._step_policy()
-        )
-        for chunk in self._disc_chunks(task, expert, generated, rows.item_chunks):
-            state, action, next_state, done = task.inputs(chunk)
-            yield {
-                "state": state,
-                "action": action,
-                "next_state": next_state,
-                "done": done,
-                "labels_expert_is_one": chunk.labels.long(),
-                # None without log-probabilities, as in imitation's own batches.
-                "log_policy_act_prob": chunk.log_policy_act_prob,  # type: ignore[dict-item]
-            }

@@ -11,7 +11,7 @@
 import difflib
 import inspect
 import pathlib
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, Mapping
 
 import gymnasium as gym
 import sacred
@@ -128,36 +128,6 @@ def check_keywords(
         ValueError: naming the first unknown key, with near matches.
     """
     _validation.known_names(key, kwargs, accepted, target)
-
-
-def check_batch_sizes(
-    key: str,
-    kwargs: Mapping[str, Any],
-    accepted: Mapping[str, Any],
-    batch_name: str,
-    minibatch_names: Iterable[str],
-) -> None:
-    """Checks a batch size and its minibatch sizes as the trainer will.
-
-    Args:
-        key: The config key holding ``kwargs``.
-        kwargs: Its value.
-        accepted: The trainer's arguments and defaults.
-        batch_name: The batch size argument (``batch_size``, ``demo_batch_size``).
-        minibatch_names: Its minibatch size arguments.
-
-    Raises:
-        ValueError: naming the key whose value is invalid.
-    """
-    batch = kwargs.get(batch_name, accepted.get(batch_name))
-    batch_key = f"{key}.{batch_name}"
-    batch = _validation.positive_int(batch_key, batch)
-    for name in minibatch_names:
-        value: Optional[int] = _validation.optional_positive_int(
-            f"{key}.{name}",
-            kwargs.get(name),
-        )
-        _validation.minibatch_within_batch(f"{key}.{name}", value, batch_key, batch)
 
 
 def add_hooks(experiment: sacred.Ingredient, hooks: Iterable[ConfigHook]) -> None:

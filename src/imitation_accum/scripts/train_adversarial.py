@@ -32,7 +32,6 @@ from imitation.scripts.train_adversarial import train_adversarial_ex as imitatio
 
 import imitation_accum
 from imitation_accum.adversarial import arguments
-from imitation_accum.engine import acceleration
 from imitation_accum.scripts import (
     atari_configs,
     config_checks,
@@ -92,16 +91,8 @@ def check_algorithm_kwargs(
         accepted,
         algorithm.__name__,
     )
-    ingredients.check_batch_sizes(
-        "algorithm_kwargs",
-        kwargs,
-        accepted,
-        "demo_batch_size",
-        ["demo_minibatch_size", "minibatch_size"],
-    )
-    key = "algorithm_kwargs.acceleration"
-    acceleration.Acceleration.parse(kwargs.get("acceleration"), key)
-    arguments.check_algorithm_values(kwargs, "algorithm_kwargs.")
+    # The constructors' own checks, each message naming algorithm_kwargs.<key>.
+    arguments.check_arguments(kwargs, "algorithm_kwargs.")
     config_checks.warn_budget_beyond_machine(
         logger, "algorithm_kwargs.memory_budget", kwargs.get("memory_budget")
     )
