@@ -43,7 +43,43 @@ def check(data, action_space=DISCRETE, **kwargs):
 
 
 def test_good_dataset_passes():
-    check(dataset())
+    data = dataset()
+    assert check(data) is None
+    for i in range(len(data)):
+        assert dataset_checks.pair_problems(data[i], OBS, DISCRETE) == [], i
+
+
+def edge_dataset(acts, *, length=3, preferences=(0.0, 1.0, 0.5)):
+    """Good pairs at the edges: the given actions, unequal lengths, 0 and 1."""
+    data = pc.PreferenceDataset()
+    data.push(
+        [
+            (fragment(length, acts=acts), fragment(length + 2, acts=[acts[0]] * 5))
+            for _ in preferences
+        ],
+        np.asarray(preferences, dtype=np.float32),
+    )
+    return data
+
+
+@pytest.mark.parametrize(
+    ("space", "acts"),
+    [
+        (DISCRETE, np.array([0, 1, 1], dtype=np.int32)),
+        (gym.spaces.Discrete(3, start=-1), [-1, 0, 1]),
+        (gym.spaces.MultiDiscrete([2, 3]), [[0, 0], [1, 2], [1, 1]]),
+        (gym.spaces.MultiBinary(2), [[0, 1], [1, 0], [1, 1]]),
+        (
+            gym.spaces.Box(-1, 1, (2,), np.float32),
+            np.array([[-1, 1], [1, -1], [0, 0.5]], dtype=np.float32),
+        ),
+    ],
+)
+def test_good_pairs_at_the_edges_pass(space, acts):
+    data = edge_dataset(acts)
+    assert dataset_checks.check_dataset(data, OBS, space) is None
+    for i in range(len(data)):
+        assert dataset_checks.pair_problems(data[i], OBS, space) == [], i
 
 
 def test_empty_dataset_is_named():

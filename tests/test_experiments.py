@@ -5,8 +5,11 @@ pytest's ``tmp_path`` (``--out-dir``; without it a quick run writes to
 ``output/experiments/``, which one test checks in a copy of the scripts, and a
 full run to ``docs/results/``); the test checks the files it wrote: their
 tables' headers and rows, and the line naming the command and the machine. The
-figures of a quick run mean nothing and are not checked. One thread per process
-(``OMP_NUM_THREADS=1``): on a small shared machine more only spin.
+figures of a quick run mean nothing as measurements; what is checked is that
+they parse, that a row's ratios are computed from the figures in the same row,
+and what an experiment exists to show (parity: accumulation's results do not
+depend on the minibatch size). One thread per process (``OMP_NUM_THREADS=1``):
+on a small shared machine more only spin.
 """
 
 import argparse
@@ -89,6 +92,27 @@ def table(text: str, header: Sequence[str], min_rows: int) -> List[List[str]]:
     for row in rows:
         assert len(row) == len(head), row
     return rows
+
+
+def number(cell: str) -> float:
+    """A table's figure (``1.25x`` reads 1.25); it must parse and be finite."""
+    value = float(cell[:-1] if cell.endswith("x") else cell)
+    assert value == value and abs(value) != float("inf"), cell
+    return value
+
+
+def assert_ratio(cell: str, numerator: str, denominator: str) -> None:
+    """``cell`` (``1.25x`` or ``1.25``) is numerator / denominator, as printed.
+
+    The figures are printed to 4 significant digits and the ratio to 2
+    decimals, so they agree to those roundings.
+    """
+    expected = number(numerator) / number(denominator)
+    assert abs(number(cell) - expected) <= 0.005 + 2e-3 * expected, (
+        cell,
+        numerator,
+        denominator,
+    )
 
 
 def assert_made_by(text: str, script: str, device: str = "cpu") -> None:
@@ -211,6 +235,10 @@ def test_bench_reward_trainer(tmp_path):
     ]
     rows = table(text, header, min_rows=1)
     assert [row[0] for row in rows] == ["mlp"]
+    row = rows[0]
+    assert re.fullmatch(r"\d+ / \d+", row[1]), row
+    assert all(number(cell) > 0 for cell in row[2:9]), row
+    assert re.match(r"\d+", row[9]) and re.fullmatch(r"\d+(/\d+)*", row[10]), row
     assert_made_by(text, "bench_reward_trainer.py")
 
 
@@ -249,7 +277,19 @@ def test_bench_reward_trainer_resumes_whole_repeats(tmp_path):
     text = read(tmp_path / "bench_reward_trainer.md")
     rows = table(text, ["config", "batch / minibatch"], min_rows=1)
     assert [row[0] for row in rows] == ["mlp"]
-    assert rows[0][2:7] == ["0.5", "0.05", "0.04", "0.045", "10.00x"]
+    assert rows[0][1:11] == [
+        "64 / 16",
+        "0.5",
+        "0.05",
+        "0.04",
+        "0.045",
+        "10.00x",  # imitation / accum
+        "1.25x",  # accum / floor
+        "1.11x",  # accum / exact floor
+        "1600",
+        "1600",
+    ]
+    assert rows[0][-1] == "400 / 400 / 400 / 400", rows[0]
     assert "mlp quiet: 1" in text
     missing = subprocess.run(
         [sys.executable, "experiments/bench_reward_trainer.py", "--resume", "nope.log"],
@@ -290,6 +330,13 @@ def test_bench_reward_trainer_same_process(tmp_path):
     rows = table(text, header, min_rows=1)
     assert rows[0][:2] == ["mlp", "1600"]
     assert all(float(cell) > 0 for cell in rows[0][2:6]), rows[0]
+    for row in rows:
+        accum, floor, exact, hand = row[2:6]
+        assert_ratio(row[6], accum, floor)
+        assert_ratio(row[7], accum, exact)
+        if hand != "—":
+            assert_ratio(row[8], hand, floor)
+            assert_ratio(row[9], accum, hand)
     assert_made_by(text, "bench_reward_trainer.py")
 
 
@@ -355,6 +402,13 @@ def test_bench_distributed(tmp_path):
     results = made_by_json(tmp_path / "bench_distributed.json", "bench_distributed.py")
     assert [r["processes"] for r in results] == [1, 2]
     assert {"pairs_per_second", "forward_size", "backend"} <= set(results[0])
+    for row, result in zip(rows, results):
+        assert int(row[1]) == result["threads_per_process"] >= 1, row
+        assert number(row[3]) > 0, row
+        assert number(row[3]) == pytest.approx(result["pairs_per_second"], abs=0.05)
+        ratio = result["pairs_per_second"] / results[0]["pairs_per_second"]
+        assert row[4] == f"{ratio:.2f}", row
+    assert rows[0][4] == "1.00"
 
 
 def test_parity(tmp_path):
@@ -364,6 +418,23 @@ def test_parity(tmp_path):
     header = ["seed", "accum mb=32", "accum mb=8", "accum mb=5"]
     rows = table(text, header, min_rows=1)
     assert [row[0] for row in rows] == ["0"]
+    for row in rows:
+        accuracies = [number(cell) for cell in row[1:4] + row[5:7]]
+        # Held-out accuracies: a count of the 400 pairs, in [0, 1].
+        assert all(
+            0 <= a <= 1 and abs(a * 400 - round(a * 400)) < 1e-6 for a in accuracies
+        )
+        # What the experiment shows: accumulation's accuracy and lambda do not
+        # depend on the minibatch size; under SGD its parameters agree to
+        # round-off; imitation's parameters drift with the minibatch size.
+        assert row[1] == row[2] == row[3], row
+        adamw, sgd = (number(cell) for cell in row[4].split(" / "))
+        assert 0 <= sgd < 1e-4 and adamw >= 0, row
+        lambdas = row[8].split(" / ")
+        assert len(lambdas) == 3 and len(set(lambdas)) == 1, row
+        assert number(lambdas[0]) > 0, row
+        assert number(row[7]) > 1e-3, row
+        assert all(number(cell) > 0 for cell in row[9].split(" / ")), row
     assert_made_by(text, "parity.py")
 
 

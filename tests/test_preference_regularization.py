@@ -12,9 +12,10 @@ import torch as th
 from imitation.algorithms import preference_comparisons as pc
 from imitation.regularization import regularizers, updaters
 from imitation.util import logger as imit_logger
+from imitation.util import networks
 
 from tests import reference as ref
-from tests.test_preference_exactness import make_net, sgd_trainer
+from tests.test_preference_exactness import make_net, make_trainer, sgd_trainer
 
 LR = 0.05
 LAMBDA = 0.02
@@ -196,6 +197,93 @@ def test_lambda_updater_gets_item_weighted_means(rng):
             replay.train()
         expected = (float(sum(losses)) / len(train_idx), float(val_loss))
         np.testing.assert_allclose(calls[epoch], expected, rtol=1e-5)
+
+
+def eval_sensitive_net():
+    """Dropout and a RunningNorm: training mode gives other figures than eval."""
+    return make_net(dropout_prob=0.5, normalize_input_layer=networks.RunningNorm)
+
+
+def eval_mode_loss(net, pairs, prefs):
+    """The reference evaluation: a copy of ``net`` in eval mode, no grad."""
+    copied = copy.deepcopy(net).eval()
+    with th.no_grad():
+        return float(ref.full_batch_loss(copied, pairs, prefs))
+
+
+def train_mode_loss(net, pairs, prefs):
+    """What an evaluation left in training mode would see (for the contrast)."""
+    copied = copy.deepcopy(net).train()
+    with th.no_grad():
+        return float(ref.full_batch_loss(copied, pairs, prefs))
+
+
+@pytest.mark.parametrize("minibatch_size", [None, 2])
+def test_evaluate_runs_in_evaluation_mode(rng, minibatch_size):
+    dataset = ref.make_dataset(rng, 6, (4, 3), binary=True)
+    net = eval_sensitive_net()
+    trainer = make_trainer(
+        net,
+        batch_size=6,
+        minibatch_size=minibatch_size,
+        forward_size=5,
+        custom_logger=imit_logger.configure(format_strs=[]),
+    )
+    trainer.train(dataset)  # the norm's statistics away from their start
+    pairs, prefs = ref.batch_of(dataset, np.arange(6))
+    expected = eval_mode_loss(net, pairs, prefs)
+    before = ref.buffers(net)
+    th.manual_seed(1)
+    result = trainer.evaluate(dataset)
+    assert result.loss == pytest.approx(expected, rel=1e-5)
+    assert net.training  # the mode is restored
+    for name, value in ref.buffers(net).items():  # statistics frozen
+        assert th.equal(value, before[name]), name
+    # The mode matters here: training mode (dropout, norm updates) differs.
+    th.manual_seed(1)
+    assert abs(train_mode_loss(net, pairs, prefs) - expected) > 1e-3 * expected
+
+
+class SnapshotUpdater(updaters.LambdaUpdater):
+    """Keeps lambda fixed; records the validation loss and the net it scored."""
+
+    def __init__(self, net):
+        self.net = net
+        self.calls = []
+
+    def __call__(self, lambda_, train_loss, val_loss):
+        self.calls.append((float(val_loss), copy.deepcopy(self.net)))
+        return lambda_
+
+
+def test_lambda_updater_validation_loss_in_evaluation_mode(rng):
+    from imitation_accum import CrossEntropyRewardTrainer
+
+    dataset = ref.make_dataset(rng, 20, (4, 3), binary=True)
+    net = eval_sensitive_net()
+    recorder = SnapshotUpdater(net)
+    trainer = CrossEntropyRewardTrainer(
+        pc.PreferenceModel(net),
+        pc.CrossEntropyRewardLoss(),
+        np.random.default_rng(5),
+        batch_size=8,
+        minibatch_size=3,
+        epochs=2,
+        forward_size=5,
+        progress_bar=False,
+        custom_logger=imit_logger.configure(format_strs=[]),
+        regularizer_factory=lp_factory(lambda_updater=recorder, val_split=0.25),
+    )
+    trainer.train(dataset)
+    # The validation split of imitation's trainer: the first quarter of a
+    # permutation drawn from the trainer's rng.
+    val_idx = np.sort(np.random.default_rng(5).permutation(20)[:5])
+    pairs, prefs = ref.batch_of(dataset, val_idx)
+    assert len(recorder.calls) == 2
+    for val_loss, scored in recorder.calls:
+        expected = eval_mode_loss(scored, pairs, prefs)
+        assert val_loss == pytest.approx(expected, rel=1e-5)
+        assert abs(train_mode_loss(scored, pairs, prefs) - expected) > 1e-3 * expected
 
 
 def sgd_clipped_reference(net, dataset, *, seed, batch_size, epochs, clip, naive):

@@ -16,9 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from imitation.util import networks
 
-from imitation_accum.engine import accumulator
-from imitation_accum.engine import rng as engine_rng
-from imitation_accum.preference import fragments, pair_task
+from imitation_accum.preference import fragments
 from tests import reference as ref
 from tests.test_preference_exactness import TOL, make_net, make_trainer
 
@@ -99,7 +97,7 @@ def test_chunks_split_fragments_at_awkward_points(rng):
     )
 
 
-def test_discount_counted_from_the_chunk_start_fails(rng, monkeypatch):
+def test_discount_counted_from_the_chunk_start_fails(rng):
     """Weights gamma^t must count t from the fragment's start, not the chunk's."""
     dataset = ref.make_dataset(rng, 3, (8, 5))
     net = make_net()
@@ -108,22 +106,24 @@ def test_discount_counted_from_the_chunk_start_fails(rng, monkeypatch):
     expected = ref.grads_of(
         initial, lambda: ref.full_batch_loss(initial, pairs, prefs, discount=0.8)
     )
+    grads, _ = two_pass_grads(net, dataset, chunk=3, discount=0.8)
+    assert ref.relative_error(grads, expected) < TOL
 
-    def chunk_local_discounts(self, chunk, outputs):
-        positions = th.arange(chunk.stop - chunk.start, dtype=th.float32)
-        weighted = outputs * 0.8**positions
-        layout = chunk.batch.layouts[chunk.side]
-        part = layout.range_sums(weighted, chunk.start, chunk.stop)
-        zeros = part.new_zeros(chunk.batch.n_pairs)
-        return th.cat([part, zeros] if chunk.side == 0 else [zeros, part])
+    # Naive, written here: t counted from the start of each chunk of 3.
+    def chunk_local():
+        rewards = side_rewards(initial, pairs, 3)
+        returns = [
+            side_returns(rewards[side], pairs, side, discount=0.8, chunk=3)
+            for side in (0, 1)
+        ]
+        return pair_loss(returns, prefs)
 
-    monkeypatch.setattr(pair_task.PreferenceTask, "partial_sums", chunk_local_discounts)
-    naive, _ = two_pass_grads(net, dataset, chunk=3, discount=0.8)
+    naive = ref.grads_of(initial, chunk_local)
     assert ref.relative_error(naive, expected) > 100 * TOL
 
 
-def calls_reference_loss(net, pairs, prefs, call_size, *, discount=1.0):
-    """One training forward of the batch in calls of ``call_size``, sides in turn.
+def side_rewards(net, pairs, call_size):
+    """Per-transition rewards of each side, in calls of ``call_size``, sides in turn.
 
     With dropout, this is the forward whose masks the trainer must reproduce: the
     same calls, with the same shapes, in the same order, from the same RNG state.
@@ -150,22 +150,66 @@ def calls_reference_loss(net, pairs, prefs, call_size, *, discount=1.0):
                 outputs[side].append(
                     net(*net.preprocess(obs[s:e], acts[s:e], next_obs[s:e], dones))
                 )
-    returns = []
-    for side in (0, 1):
-        rewards, start = th.cat(outputs[side]), 0
-        side_returns = []
-        for pair in pairs:
-            n = len(pair[side].acts)
-            weights = th.tensor([discount**t for t in range(n)])
-            side_returns.append((rewards[start : start + n] * weights).sum())
-            start += n
-        returns.append(side_returns)
+    return th.cat(outputs[0]), th.cat(outputs[1])
+
+
+def side_returns(rewards, pairs, side, *, discount=1.0, chunk=None):
+    """Discounted returns of one side's fragments, laid end to end in ``rewards``.
+
+    ``t`` counts from each fragment's first transition; with ``chunk`` (the
+    naive variant) it counts from the start of the chunk of ``chunk`` transitions
+    of the side that holds the transition instead.
+    """
+    returns, start = [], 0
+    for pair in pairs:
+        n = len(pair[side].acts)
+        t = np.arange(n) if chunk is None else (start + np.arange(n)) % chunk
+        weights = th.tensor(discount**t, dtype=th.float32)
+        returns.append((rewards[start : start + n] * weights).sum())
+        start += n
+    return th.stack(returns)
+
+
+def pair_loss(returns, prefs):
+    """Mean cross-entropy of the pairs, from (first, second) side returns."""
     losses = []
     for i, pref in enumerate(prefs):
         diff = returns[1][i] - returns[0][i]
         p = 1 / (1 + th.exp(diff))
         losses.append(-(pref * th.log(p) + (1 - pref) * th.log(1 - p)))
     return th.stack(losses).mean()
+
+
+def calls_reference_loss(net, pairs, prefs, call_size, *, discount=1.0):
+    """One training forward of the batch in calls of ``call_size`` (side_rewards)."""
+    rewards = side_rewards(net, pairs, call_size)
+    returns = [
+        side_returns(rewards[side], pairs, side, discount=discount) for side in (0, 1)
+    ]
+    return pair_loss(returns, prefs)
+
+
+def naive_two_pass_grads(net, pairs, prefs, call_size, *, between=None):
+    """Two passes written plainly, with nothing restored between them.
+
+    Pass 1 computes the returns without grad (the net's norm layers update their
+    statistics as they see each call, dropout draws from the RNG as it stands);
+    the loss's gradient with respect to the returns is taken once; pass 2 runs
+    the calls again with grad (updating the norms again, drawing new masks,
+    unless ``between`` rewinds what it names) and back-propagates it.
+    """
+    params = list(net.parameters())
+    with th.no_grad():
+        rewards = side_rewards(net, pairs, call_size)
+        first = [side_returns(rewards[side], pairs, side) for side in (0, 1)]
+    first = [r.requires_grad_() for r in first]
+    upstream = th.autograd.grad(pair_loss(first, prefs), first)
+    if between is not None:
+        between()
+    rewards = side_rewards(net, pairs, call_size)
+    second = [side_returns(rewards[side], pairs, side) for side in (0, 1)]
+    grads = th.autograd.grad(second, params, upstream, allow_unused=True)
+    return [th.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
 
 
 def test_dropout_masks_are_the_same_in_both_passes(rng):
@@ -188,7 +232,7 @@ def test_dropout_masks_are_the_same_in_both_passes(rng):
     assert ref.relative_error(other, expected) > 100 * TOL
 
 
-def test_pass_two_without_rewinding_the_rng_fails(rng, monkeypatch):
+def test_pass_two_without_rewinding_the_rng_fails(rng):
     dataset = ref.make_dataset(rng, 3, (6, 4))
     net = make_net(dropout_prob=0.5)
     initial = copy.deepcopy(net)
@@ -197,10 +241,18 @@ def test_pass_two_without_rewinding_the_rng_fails(rng, monkeypatch):
     expected = ref.grads_of(
         initial, lambda: calls_reference_loss(initial, pairs, prefs, 4)
     )
-    # Pass 2 starts where pass 1 left the RNG: other dropout masks.
-    monkeypatch.setattr(engine_rng.RngState, "restore", lambda self: None)
     th.manual_seed(123)
-    naive, _ = two_pass_grads(net, dataset, chunk=4)
+    grads, _ = two_pass_grads(net, dataset, chunk=4)
+    assert ref.relative_error(grads, expected) < TOL
+    # Written plainly, two passes are exact when pass 2 rewinds the RNG...
+    th.manual_seed(123)
+    rewound = naive_two_pass_grads(
+        copy.deepcopy(initial), pairs, prefs, 4, between=lambda: th.manual_seed(123)
+    )
+    assert ref.relative_error(rewound, expected) < TOL
+    # ...and naive when it starts where pass 1 left the RNG: other dropout masks.
+    th.manual_seed(123)
+    naive = naive_two_pass_grads(copy.deepcopy(initial), pairs, prefs, 4)
     assert ref.relative_error(naive, expected) > 100 * TOL
 
 
@@ -220,23 +272,29 @@ def test_norm_statistics_are_the_full_batch_ones_in_both_passes(rng, norm):
         th.testing.assert_close(dict(net.named_buffers())[name], value)
 
 
-def test_passes_updating_norms_themselves_fail(rng, monkeypatch):
+def test_passes_updating_norms_themselves_fail(rng):
     dataset = ref.make_dataset(rng, 4, (5, 3))
     net = make_net(normalize_input_layer=networks.RunningNorm)
     reference_net = copy.deepcopy(net)
+    naive_net = copy.deepcopy(net)
     pairs, prefs = ref.batch_of(dataset, range(4))
     expected = ref.grads_of(
         reference_net,
         lambda: ref.full_batch_loss(reference_net, pairs, prefs),
     )
-    # No pre-pass: every call of both passes updates the statistics itself.
-    monkeypatch.setattr(
-        accumulator.GradientAccumulator,
-        "_gather_norm_statistics",
-        lambda self, task, chunks, forward_size: None,
-    )
-    naive, _ = two_pass_grads(net, dataset, chunk=3)
+    grads, _ = two_pass_grads(net, dataset, chunk=3)
+    assert ref.relative_error(grads, expected) < TOL
+    for name, value in ref.buffers(reference_net).items():
+        th.testing.assert_close(dict(net.named_buffers())[name], value)
+    # Naive, written here: no pre-pass; every call of both passes updates the
+    # statistics itself.
+    naive = naive_two_pass_grads(naive_net, pairs, prefs, 3)
     assert ref.relative_error(naive, expected) > 100 * TOL
+    moved = ref.buffers(naive_net)
+    assert any(
+        not th.allclose(moved[name], value, rtol=1e-4)
+        for name, value in ref.buffers(reference_net).items()
+    )
 
 
 def test_one_and_two_passes_log_the_same_figures(rng):
