@@ -14,7 +14,11 @@ left at PyTorch's default in both.
 Usage::
 
     python experiments/bench_forward_size.py --busy        # docs/results/
-    python experiments/bench_forward_size.py --quick       # seconds: mlp, 1 round
+    python experiments/bench_forward_size.py --quick --out-dir /tmp/fs  # seconds
+
+``--quick`` times the ``mlp`` configuration alone, one round of two epochs (its
+figures mean little), into ``output/experiments/`` unless ``--out-dir`` says
+otherwise.
 """
 
 import argparse
@@ -29,6 +33,7 @@ from bench_reward_trainer import (
     CONFIGS,
     EPOCHS,
     Competitor,
+    _results_commit,
     accum_trainer,
     load_average,
     make_data,
@@ -124,12 +129,6 @@ def main() -> None:
         f"{_results_commit()}.",
     ]
     write(out_dir / "bench_forward_size.md", lines)
-
-
-def _results_commit() -> str:
-    from bench_reward_trainer import _results_commit as commit
-
-    return commit()
 
 
 if __name__ == "__main__":

@@ -269,7 +269,8 @@ def scenario_auto_forward_size(rank: int) -> Dict[str, Any]:
             run = trainer._task.run  # every reward-net call, staged or gathered
 
             def recording_run(inputs, start, stop, module=None):
-                used.append(stop - start)
+                if module is None:  # a step's call, not the probe's
+                    used.append(stop - start)
                 return run(inputs, start, stop, module)
 
             trainer._task.run = recording_run

@@ -166,6 +166,7 @@ def test_every_script_is_tested_and_uses_docs_results():
         "atari_reward_memory.py",
         "bench_discriminator.py",
         "bench_distributed.py",
+        "bench_forward_size.py",
         "bench_memory.py",
         "bench_reward_trainer.py",
         "frame_store.py",  # tests/test_frame_store_experiment.py
@@ -240,6 +241,22 @@ def test_bench_reward_trainer(tmp_path):
     assert all(number(cell) > 0 for cell in row[2:9]), row
     assert re.match(r"\d+", row[9]) and re.fullmatch(r"\d+(/\d+)*", row[10]), row
     assert_made_by(text, "bench_reward_trainer.py")
+
+
+def test_bench_forward_size(tmp_path):
+    run_script("bench_forward_size.py", tmp_path, "--quick")
+    text = read(tmp_path / "bench_forward_size.md")
+    header = ["config", "load", "default forward_size", "default s/epoch"]
+    rows = table(text, header, min_rows=1)
+    assert [row[:2] for row in rows] == [["mlp", "quiet"]]
+    row = rows[0]
+    assert int(row[2]) == 1600  # the whole chunk: each side in one call
+    fixed = dict(part.split(": ") for part in row[4].split(", "))
+    assert list(fixed) == ["64", "256", "800"]
+    assert row[5] in fixed
+    assert number(fixed[row[5]]) == min(number(v) for v in fixed.values())
+    assert_ratio(row[6], row[3], fixed[row[5]])
+    assert_made_by(text, "bench_forward_size.py")
 
 
 def resumed_point(impl, seconds, mode="quiet"):

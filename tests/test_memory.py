@@ -172,7 +172,7 @@ def test_budget_sizes_chunks_in_transitions_and_stays_exact(
         optimizer_cls=th.optim.SGD,
     )
     trainer.train(dataset)
-    assert trainer.last_policy.chunk_cap == cap
+    assert trainer.step_policy.chunk_cap == cap
     logged = trainer.logger.name_to_value
     assert logged["reward/final/train/two_pass"] == two_pass
     assert logged["reward/final/train/chunk_transitions"] <= cap

@@ -74,7 +74,7 @@ def test_budget_sizes_minibatches_and_stays_exact(algo, venv, ppo, rng, budget_o
     )
     run_steps(reference, samples)
     run_steps(ours, samples)
-    rows = plan_step(np.ones(BATCH, dtype=np.int64), ours.last_policy).item_chunks
+    rows = plan_step(np.ones(BATCH, dtype=np.int64), ours.step_policy).item_chunks
     assert [s.stop - s.start for s in rows] == [4, 4, 2]
     assert setup.update_error(net, ours._reward_net, reference._reward_net) < TOL
     assert setup.norm_buffers_close(ours._reward_net, reference._reward_net)
@@ -105,7 +105,7 @@ def test_out_of_memory_halves_minibatches_and_redoes_the_step(venv, ppo, rng):
     )
     run_steps(uninterrupted, samples)
     run_steps(ours, samples)
-    assert ours.last_policy.chunk_cap == 2  # 10 rows, then 5, then 2
+    assert ours.step_policy.chunk_cap == 2  # 10 rows, then 5, then 2
     assert setup.update_error(net, ours._reward_net, uninterrupted._reward_net) < TOL
     net.limit = 0
     stuck = setup.make_trainer(
@@ -151,7 +151,7 @@ def test_redone_step_with_norms_and_dropout_equals_an_uninterrupted_one(
                 th.get_rng_state(),
             ),
         )
-    assert trainer.last_policy.chunk_cap == 2
+    assert trainer.step_policy.chunk_cap == 2
     (params, buffers, rng_state), (redone_params, redone_buffers, redone_rng) = results
     assert th.equal(redone_params, params)
     assert buffers.keys() == redone_buffers.keys() and buffers

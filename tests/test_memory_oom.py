@@ -80,7 +80,7 @@ def test_redone_steps_equal_uninterrupted_ones(rng):
     trainer = train_sgd(net, dataset, forward_size=100)
     rng_after = th.get_rng_state()
     assert net.raised == 4
-    assert trainer.last_policy.chunk_cap == 2
+    assert trainer.step_policy.chunk_cap == 2
     logged = trainer.logger.name_to_value
     assert logged["reward/final/train/two_pass"] == 1.0
     assert logged["reward/final/train/chunk_transitions"] == 2

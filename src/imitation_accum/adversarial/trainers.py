@@ -141,13 +141,13 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         self.last_disc_result: Optional[StepResult] = None
         self._engine: GradientAccumulator[discriminator_task.DiscriminatorChunk] = (
             GradientAccumulator(
-                self._reward_net, self._disc_opt, max_grad_norm=self.max_grad_norm
+                self._reward_net, self._disc_opt, max_grad_norm=checked.max_grad_norm
             )
         )
         self._budget_cap: Optional[int] = None
         self._backed_off_cap: Optional[int] = None
-        self.last_policy: Optional[StepPolicy] = None
-        """The step policy of the last discriminator step."""
+        self.step_policy: Optional[StepPolicy] = None
+        """The step policy the last discriminator step ran with."""
         self.memory_profile: Optional[probe.ActivationProfile] = None
         """The memory probe's profile of the discriminator, with a budget."""
         budget.check_holds_training_state(
@@ -389,7 +389,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             )
             if ran.chunk_cap != policy.chunk_cap:
                 self._backed_off_cap = ran.chunk_cap  # for later steps too
-            self.last_policy = ran
+            self.step_policy = ran
             self._disc_step += 1
             self.last_disc_result = result
             assert result.item_outputs is not None  # the task returns its logits

@@ -278,11 +278,13 @@ def plan_step(item_transitions: np.ndarray, policy: StepPolicy) -> StepPlan:
             "out-of-memory error); allow two passes (two_pass=None) or raise the "
             "budget",
         )
-    if not fits or policy.two_pass:
-        reason = "two_pass=True" if fits else "one item exceeds the memory cap"
+    if not fits:
+        reason = "one item exceeds the memory cap"
         return StepPlan.two_passes(sides, policy.call_size(int(cap or 1)), reason)
     chunks = pair_chunks(lengths, max_items=policy.minibatch_size, max_transitions=cap)
     size = policy.call_size(int(lengths[chunks[0]].sum()))
+    if policy.two_pass:
+        return StepPlan.two_passes(sides, size, "two_pass=True")
     return StepPlan.one_pass(sides, chunks, size, "chunks of whole items")
 
 

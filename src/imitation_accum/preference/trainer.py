@@ -207,8 +207,10 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         self._gt_losses: Optional[np.ndarray] = None
         self._profiles: Dict[Hashable, probe.ActivationProfile] = {}
         self._backed_off_cap: Optional[int] = None
-        self.last_policy: Optional[StepPolicy] = None
-        """The step policy of the last step (minibatch size, memory cap, ...)."""
+        self.step_policy: Optional[StepPolicy] = None
+        """The step policy (minibatch size, memory cap, forward size, passes):
+        built by each ``train()`` from the attributes, halved after a CUDA
+        out-of-memory error; the next step runs with it."""
         self.last_plan: Optional[StepPlan] = None
         """The plan of the last step (``forward_size``, ``two_pass``, chunks)."""
         self.memory_profile: Optional[probe.ActivationProfile] = None
@@ -350,7 +352,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         )
         self._task.refresh_device()
         self._gt_losses = self._task.ground_truth_losses(table)
-        policy = self._step_policy(table)
+        self.step_policy = self._step_policy(table)
         progress = tqdm(
             total=epochs * steps_per_epoch,
             desc="Training reward model",
@@ -371,7 +373,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                     for step_in_epoch, batch in enumerate(batches):
                         try:
                             with self.logger.add_key_prefix("train"):
-                                policy, result = self._train_step(table, batch, policy)
+                                result = self._train_step(table, batch)
                         except BaseException:
                             if step_in_epoch == 0:
                                 self.rng.bit_generator.state = rng_before_epoch
@@ -388,7 +390,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                             progress.set_postfix(records.postfix(result), refresh=False)
                     if val_idx is not None:
                         train_loss = epoch_loss_sum / epoch_items
-                        self._update_regularizer(table, val_idx, train_loss, policy)
+                        self._update_regularizer(table, val_idx, train_loss)
                 if self.progress_bar:  # the bar's companion: a line per epoch
                     self.logger.log(
                         records.epoch_line(
@@ -516,13 +518,14 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         self,
         table: pair_table.PreferenceTable,
         indices: np.ndarray,
-        policy: StepPolicy,
         *,
         evaluation: bool,
     ) -> Any:
         """Plans and runs a step (or an evaluation) of pairs ``indices``."""
         local = self._local_items(indices)
         engine = self.engine
+        policy = self.step_policy
+        assert policy is not None  # built by train() and evaluate()
 
         def step(plan: StepPlan) -> Any:
             chunks = pair_chunks.make_chunks(self._task, table, local, plan)
@@ -540,16 +543,15 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         if ran.chunk_cap != policy.chunk_cap:
             # An out-of-memory back-off holds for later train() calls too.
             self._backed_off_cap = ran.chunk_cap
-        self.last_policy, self.last_plan = ran, plan
-        return ran, plan, result
+        self.step_policy, self.last_plan = ran, plan
+        return plan, result
 
     def _train_step(
         self,
         table: pair_table.PreferenceTable,
         batch: np.ndarray,
-        policy: StepPolicy,
-    ) -> "tuple[StepPolicy, StepResult]":
-        policy, plan, result = self._run(table, batch, policy, evaluation=False)
+    ) -> StepResult:
+        plan, result = self._run(table, batch, evaluation=False)
         self.n_skipped_steps += int(result.skipped)
         records.record_step(
             self.logger,
@@ -562,16 +564,15 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             # gets the last epoch's (``reward/final/...``) and a line per epoch.
             exclude=("stdout", "log"),
         )
-        return policy, result
+        return result
 
     def _evaluate(
         self,
         table: pair_table.PreferenceTable,
         indices: np.ndarray,
-        policy: StepPolicy,
     ) -> EvaluationResult:
         """Loss and metrics of pairs ``indices``, planned as a no-grad evaluation."""
-        return self._run(table, indices, policy, evaluation=True)[2]
+        return self._run(table, indices, evaluation=True)[1]
 
     def evaluate(self, dataset: data_th.Dataset) -> EvaluationResult:
         """Loss and accuracy of the reward net on ``dataset``, without training.
@@ -590,17 +591,17 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         table = pair_table.read_preferences(dataset)
         self._check_settings()
         self._task.refresh_device()
-        return self._evaluate(table, np.arange(len(table)), self._step_policy(table))
+        self.step_policy = self._step_policy(table)
+        return self._evaluate(table, np.arange(len(table)))
 
     def _update_regularizer(
         self,
         table: pair_table.PreferenceTable,
         val_idx: np.ndarray,
         train_loss: float,
-        policy: StepPolicy,
     ) -> None:
         assert self.regularizer is not None
-        val = self._evaluate(table, val_idx, policy)
+        val = self._evaluate(table, val_idx)
         if not (np.isfinite(val.loss) and np.isfinite(train_loss)):
             raise FloatingPointError(
                 f"non-finite loss for the lambda updater (train {train_loss}, "
