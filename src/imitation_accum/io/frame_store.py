@@ -12,7 +12,6 @@ that module names its temporaries), which is then renamed into place; a reader
 sees the old store or the new one, never a part of one.
 """
 
-import contextlib
 import hashlib
 import json
 import os
@@ -74,7 +73,7 @@ def write_store(
             json.dump(manifest, file, indent=1, sort_keys=True)
             file.flush()
             os.fsync(file.fileno())
-        _fsync(temporary)
+        atomic.fsync_directory(temporary)
         _replace_directory(temporary, target)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
@@ -99,18 +98,9 @@ def _replace_directory(source: pathlib.Path, target: pathlib.Path) -> None:
         old = _temporary_sibling(target, "old.")
         os.replace(target, old)
     os.replace(source, target)
-    _fsync(target.parent)
+    atomic.fsync_directory(target.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync(directory: pathlib.Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _write_array(
