@@ -470,6 +470,9 @@ class PreferenceDataset(ImitationPreferenceDataset):
             )
 
 
+# -- a pushed fragment's observations and actions ------------------------------
+
+
 def _row_types(frag: Fragment) -> Tuple[_RowType, _RowType]:
     """The row types of a fragment's observations and actions."""
     obs, acts = np.asarray(frag.obs), np.asarray(frag.acts)
@@ -494,6 +497,9 @@ def _check_row_types(
             raise ValueError(
                 f"{name} has {kind} {dtype} {shape}{holder} {want_dtype} {want_shape}",
             )
+
+
+# -- fragments1 and fragments2, read-only views --------------------------------
 
 
 def _position(key: Any, n: int) -> int:
