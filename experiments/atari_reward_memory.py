@@ -110,7 +110,7 @@ def measure(args: Dict[str, Any]) -> Dict[str, Any]:
         progress_bar=False,
     )
     data = dataset(frames, args["batch"], args["fragment_length"], rng)
-    trainer.train(data)  # warm-up: CUDA context, cuDNN, forward-size tuning
+    trainer.train(data)  # warm-up: CUDA context, cuDNN, the memory probe
     if device.startswith("cuda"):
         th.cuda.synchronize()
         th.cuda.reset_peak_memory_stats()

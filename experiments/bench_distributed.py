@@ -132,7 +132,7 @@ def worker(args: argparse.Namespace) -> None:
             if context.device.type == "cuda":
                 th.cuda.synchronize(context.device)
 
-        trainer.train(dataset)  # warm-up (and forward-size tuning if "auto")
+        trainer.train(dataset)  # warm-up (and the memory probe if "auto")
         barrier()
         start = time.perf_counter()
         for _ in range(args.epochs):

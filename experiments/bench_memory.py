@@ -8,12 +8,11 @@ a fresh process and reports:
   just before ``train()`` (``/proc/self/clear_refs`` resets the peak); on CUDA
   ``torch.cuda.max_memory_allocated`` (everything PyTorch holds: parameters,
   gradients, optimizer state, activations). The *train peak* covers the whole
-  ``train()`` call (the probe, the forward-size tuning, the planner's timing and
-  every step); the *step peak* the optimizer steps alone (the peak is reset as
+  ``train()`` call (the probe and every step); the *step peak* the optimizer
+  steps alone (the peak is reset as
   each step starts, against the same baseline);
 - the probe's estimate for the step's largest chunk (``memory_estimate_mib``), at
-  the most costly call size the steps ran: with ``forward_size="auto"`` the first
-  step also times calls of other sizes over its chunk;
+  the call size the steps ran;
 - seconds per optimizer step (the median of the steps after the first).
 
 Series:
@@ -23,7 +22,7 @@ Series:
 - ``budget``: ``memory_budget`` = 512MiB ... 4GiB, ``forward_size="auto"``: the
   measured peak must stay within the budget;
 - ``time``: one pass against two passes at the same chunk size (one call per
-  chunk), and with calls of a few transitions, and the planner's own choice.
+  chunk), and with calls of a few transitions, and the default forward size.
 
 ``--issue-506`` adds imitation issue #506's case at its real size: 30 pairs of two
 100-frame fragments of 210x160x3 frames in one batch, one optimizer step under
@@ -43,7 +42,7 @@ Writes ``memory[_cuda].{md,json,png}`` to ``--out-dir`` (default
 ``docs/results/``, the committed figures; with ``--quick``,
 ``output/experiments/``, which git ignores; ``--out STEM`` to name the files).
 ``--quick`` checks that the script runs, in seconds: five points (two minibatch
-sizes, one budget, two passes, the planner's choice) of 2 pairs of 2-frame
+sizes, one budget, two passes, the default forward size) of 2 pairs of 2-frame
 fragments (unless ``--batch-pairs`` or ``--fragment-length`` say otherwise), two
 steps each; its figures mean little, and ``--check`` leaves out its time target.
 ``--fewer-points`` keeps the sizes and leaves out some minibatch sizes and
@@ -56,7 +55,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 import gymnasium as gym
 import numpy as np
@@ -69,7 +68,6 @@ import _results
 from _quiet_logger import quiet_logger
 from imitation_accum import CrossEntropyRewardTrainer
 from imitation_accum.planning.budget import parse_budget
-from imitation_accum.planning.probe import ActivationProfile
 from imitation_accum.preference import pair_table
 
 SHAPE = (210, 160, 3)
@@ -142,25 +140,6 @@ class PeakMemory:
         self.observe()
 
 
-def tuned_sizes(trainer: CrossEntropyRewardTrainer) -> List[int]:
-    """Call sizes the forward-size tuning timed (none unless ``"auto"``)."""
-    results = trainer.planner.forward_sizes.results.values()
-    return sorted({size for result in results for size, _ in result.timings})
-
-
-def step_estimate(
-    profile: ActivationProfile, chunk: int, call_sizes: Sequence[int]
-) -> int:
-    """The probe's bytes for ``chunk``, at the most costly of the call sizes run.
-
-    With ``forward_size="auto"`` the first step times calls of several sizes
-    over its chunk before it runs the chosen size, so that step is held to the
-    largest of their estimates (each at most the chunk at calls as large, the
-    bound a ``memory_budget`` is kept with).
-    """
-    return max(profile.chunk_bytes(chunk, min(size, chunk)) for size in call_sizes)
-
-
 def run_point(spec: Dict[str, Any]) -> Dict[str, Any]:
     device = th.device(spec["device"])
     th.manual_seed(0)
@@ -202,18 +181,16 @@ def run_point(spec: Dict[str, Any]) -> Dict[str, Any]:
     }
     profile = trainer.memory_profile
     if profile is None:  # no budget: probe now, for the estimate
-        profile = trainer._probe(pair_table.read_preferences(dataset))
+        profile = trainer._profile(pair_table.read_preferences(dataset))
     largest = int(figures["chunk_transitions"])
     forward_size = int(figures["forward_size"])
-    call_sizes = sorted({forward_size, *tuned_sizes(trainer)})
     whole = 2 * batch * spec["length"]
     return {
         **spec,
         "peak_bytes": max(step_peaks),
         "step_peaks": step_peaks,
         "train_peak_bytes": train_peak.peak,
-        "estimate_bytes": step_estimate(profile, largest, call_sizes),
-        "call_sizes": call_sizes,
+        "estimate_bytes": profile.chunk_bytes(largest, min(forward_size, largest)),
         "whole_batch_estimate_bytes": profile.chunk_bytes(whole, whole),
         "saved_per_transition": profile.saved_per_transition,
         "chunk_transitions": largest,
@@ -288,7 +265,7 @@ def points(args: argparse.Namespace) -> List[Dict[str, Any]]:
         {
             **base,
             "series": "time",
-            "label": "planner's choice (forward_size='auto')",
+            "label": "default (forward_size='auto')",
             "group": "auto",
             "trainer": {"minibatch_size": 1},
         }
@@ -390,7 +367,7 @@ def report(results: List[Dict[str, Any]], args: argparse.Namespace) -> str:
         lines.append(f"- Two-pass / one-pass step time, {group}: {ratio:.2f}.")
     for auto in (r for r in results if r.get("group") == "auto"):
         lines.append(
-            "- Planner's choice with forward_size='auto': "
+            "- The default, forward_size='auto': "
             f"{'two passes' if auto['two_pass'] else 'one pass'}, calls of "
             f"{auto['forward_size']}, {step_time(auto):.2f} s/step."
         )

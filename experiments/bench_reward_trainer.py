@@ -4,7 +4,8 @@ Four implementations train the same reward net on the same preference data:
 
 - ``imitation``: imitation 1.0.1's ``BasicRewardTrainer`` (two reward-net calls
   per pair, one host sync per pair);
-- ``accum``: ``imitation_accum.CrossEntropyRewardTrainer`` (``forward_size="auto"``);
+- ``accum``: ``imitation_accum.CrossEntropyRewardTrainer`` (the default
+  ``forward_size="auto"``, derived from the memory probe);
 - ``floor``: a bare PyTorch loop over pre-stacked tensors (segment sums, BCE,
   accumulate, step), a minibatch's fragments interleaved in its calls, timed at
   several forward sizes; the fastest is the floor;
@@ -16,7 +17,7 @@ Every point runs in a fresh process, ``--repeats`` times, the repeats of a
 configuration interleaved (every point once per repeat, the order reversed
 every other repeat); the table gives medians, and ratios are medians of the
 ratios within a repeat. Time per epoch is that of one ``train`` call after a
-warm-up call of one epoch (which tunes the forward size). ``--busy`` also
+warm-up call of one epoch (which runs the memory probe). ``--busy`` also
 measures every point with a competing PyTorch job running. The bare loops run
 with the glibc ``malloc`` settings the trainer's ``reuse_host_memory`` sets.
 
@@ -74,9 +75,9 @@ from _quiet_logger import quiet_logger
 CONFIGS = {
     # name: (obs shape, net, pairs, fragment length, batch, minibatch). The CNN
     # epochs hold about 800 frames of 84x84 (cnn84-25 is the issue's 16 pairs,
-    # batch 16, minibatch 4), a second or two on two cores: long enough that
-    # tuning can be weighed against an epoch, short enough that a full run,
-    # every point in a fresh process, quiet and busy, fits in about 40 minutes.
+    # batch 16, minibatch 4), a second or two on two cores: short enough that a
+    # full run, every point in a fresh process, quiet and busy, fits in about 40
+    # minutes.
     "mlp": ((4,), "mlp", 64, 50, 64, 16),
     "cnn84-25": ((84, 84, 4), "cnn", 16, 25, 16, 4),
     "cnn84-100": ((84, 84, 4), "cnn", 4, 100, 4, 1),
@@ -140,7 +141,7 @@ def make_net(shape, kind):
 def time_epochs(run_epochs, epochs):
     """Seconds per epoch of one call that trains ``epochs`` epochs.
 
-    A one-epoch call first warms up (and tunes the forward size).
+    A one-epoch call first warms up (and runs the memory probe).
     """
     return time_first_and_epochs(run_epochs, epochs)[1]
 
@@ -196,8 +197,7 @@ def worker(
         )
         seconds = time_epochs(lambda k: train_epochs(trainer, dataset, k), epochs)
     elif impl == "accum":
-        # The memory table pins whole-pair chunks (otherwise the planner may
-        # time two passes, whose RSS then counts too).
+        # The memory table pins whole-pair chunks.
         options = {"two_pass": False} if one_pass else {}
         trainer = accum_trainer(net, batch_size, minibatch_size, **options)
         first, seconds = time_first_and_epochs(
@@ -206,12 +206,6 @@ def worker(
         extra["first_train_seconds"] = first
         extra["forward_size"] = trainer.last_plan.forward_size
         extra["two_pass"] = trainer.last_plan.two_pass
-        # getattr: the worker also times older versions of the package.
-        extra["tuning_seconds"] = getattr(trainer.planner, "tuning_seconds", 0.0)
-        sizes = trainer.planner.forward_sizes
-        results = list(getattr(sizes, "results", {}).values())
-        extra["threads"] = results[0].threads if results else None
-        extra["oversubscribed"] = bool(results and results[0].oversubscribed)
     elif impl in FLOORS:
         best = None
         loop_class = FLOORS[impl]
@@ -631,7 +625,6 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
         "floor forward_size",
         "machine",
         "load average (1 min)",
-        "tuning s (epochs)",
         "first train() s",
         "peak RSS MiB (imitation / accum / floor / exact floor)",
     )
@@ -651,24 +644,19 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
         to_floor = _median([x / y for x, y in zip(secs(a), secs(f))])
         to_exact = _median([x / y for x, y in zip(secs(a), secs(e))])
         sizes = sorted({str(x["forward_size"]) for x in a})
-        threads = sorted({str(x["threads"]) for x in a if x.get("threads")})
         two_pass = any(x.get("two_pass") for x in a)
         accum_size = "/".join(sizes) + (" (two-pass)" if two_pass else "")
-        if threads:
-            accum_size += f", {'/'.join(threads)} thread(s)"
         floor_sizes = "/".join(sorted({str(x["forward_size"]) for x in f + e}))
         loads = [x["load_average"] for x in i + a + f + e]
-        tuning = _median([x["tuning_seconds"] for x in a])
         first = _median([x["first_train_seconds"] for x in a])
-        busy = sum(bool(x.get("oversubscribed")) for x in a)
         lines.append(
             f"| {config} | {a[0]['batch_size']} / {a[0]['minibatch_size']} "
             f"| {t_i:.4g} | {t_a:.4g} | {t_f:.4g} | {t_e:.4g} "
             f"| {speedup:.2f}x | {to_floor:.2f}x | {to_exact:.2f}x "
             f"| {accum_size} | {floor_sizes} "
-            f"| {mode} (tuner saw it busy {busy}/{len(a)}) "
+            f"| {mode} "
             f"| {_median(loads):.2f} ({min(loads):.2f}-{max(loads):.2f}) "
-            f"| {tuning:.3g} ({tuning / t_a:.2g}) | {first:.3g} "
+            f"| {first:.3g} "
             f"| {_median([x['peak_rss_mib'] for x in i]):.0f} "
             f"/ {_median([x['peak_rss_mib'] for x in a]):.0f} "
             f"/ {_median([x['peak_rss_mib'] for x in f]):.0f} "
@@ -689,9 +677,8 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
         "ratios within a repeat. busy: a competing PyTorch job (a "
         f"{COMPETITOR_MATRIX}x{COMPETITOR_MATRIX} matrix-multiply loop with one "
         "intra-op thread per core, in its own process) runs during the point. "
-        "Tuning: seconds the planner spent timing calls (forward size, one pass "
-        "against two) in the first train(), and that in epochs of the timed "
-        "train(); first train(): the whole one-epoch first call. Load average: "
+        "First train(): the whole one-epoch first call (the probe included). "
+        "Load average: "
         "the median (range) of /proc/loadavg's one-minute figure at the start of "
         "the points. Floor: the bare loop, a minibatch's fragments interleaved in "
         "its calls; exact floor: the bare loop with this package's mirrored "
