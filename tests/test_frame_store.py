@@ -378,6 +378,71 @@ def test_manifest_errors_are_named(rng, tmp_path):
         PreferenceDataset.load(tmp_path / "nowhere")
 
 
+def store_with_acts_elsewhere(rng, tmp_path):
+    """A store, and a valid copy of its actions outside it (what a bad store names)."""
+    _, path, _, _ = saved(rng, tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    copy = outside / "acts.npy"
+    copy.write_bytes((path / "acts.npy").read_bytes())
+    return path, copy
+
+
+def name_acts_file(path: pathlib.Path, file: str) -> None:
+    manifest_path = path / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["arrays"]["acts"]["file"] = file
+    manifest_path.write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("where", ["parent", "absolute", "system", "subdirectory"])
+def test_a_manifest_naming_a_file_outside_the_store_is_refused(rng, tmp_path, where):
+    """Only plain file names inside the store's directory are opened."""
+    path, copy = store_with_acts_elsewhere(rng, tmp_path)
+    (path / "sub").mkdir()
+    (path / "sub" / "acts.npy").write_bytes(copy.read_bytes())
+    file = {
+        "parent": "../outside/acts.npy",
+        "absolute": str(copy.resolve()),
+        "system": "/etc/passwd",
+        "subdirectory": "sub/acts.npy",
+    }[where]
+    name_acts_file(path, file)
+    with pytest.raises(ValueError) as error:
+        PreferenceDataset.load(path)
+    message = str(error.value)
+    assert "'acts'" in message and repr(file) in message
+    assert str(path) in message and "plain file name" in message
+
+
+def test_a_manifest_naming_the_parent_directory_is_refused(rng, tmp_path):
+    path, _ = store_with_acts_elsewhere(rng, tmp_path)
+    name_acts_file(path, "..")
+    with pytest.raises(ValueError, match=r"'acts'.*'\.\.'.*plain file name"):
+        PreferenceDataset.load(path)
+
+
+def test_a_symlinked_array_is_refused(rng, tmp_path):
+    """A link is not followed, though it points to a valid copy of the array."""
+    path, copy = store_with_acts_elsewhere(rng, tmp_path)
+    (path / "acts.npy").unlink()
+    (path / "acts.npy").symlink_to(copy)
+    with pytest.raises(ValueError) as error:
+        PreferenceDataset.load(path)
+    message = str(error.value)
+    assert "'acts'" in message and "'acts.npy'" in message
+    assert str(path) in message and "symbolic link" in message
+
+
+def test_a_symlinked_manifest_is_refused(rng, tmp_path):
+    path, _ = store_with_acts_elsewhere(rng, tmp_path)
+    moved = tmp_path / "outside" / "manifest.json"
+    (path / "manifest.json").rename(moved)
+    (path / "manifest.json").symlink_to(moved)
+    with pytest.raises(ValueError, match=r"manifest\.json.*symbolic link"):
+        PreferenceDataset.load(path)
+
+
 def test_inconsistent_arrays_are_named(rng, tmp_path):
     """An index pointing outside its array, recorded consistently in the manifest."""
     dataset, path, _, _ = saved(rng, tmp_path)

@@ -22,8 +22,14 @@ AnyPath = Union[str, os.PathLike]
 TEMPORARY_SUFFIX = ".partial"
 
 
-def _fsync_directory(directory: pathlib.Path) -> None:
-    # Makes the rename itself durable; not every platform can open a directory.
+def fsync_directory(directory: pathlib.Path) -> None:
+    """``fsync`` of a directory: makes a rename into it durable.
+
+    Not every platform can open a directory; there this does nothing.
+
+    Args:
+        directory: The directory whose entries changed.
+    """
     with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
         try:
@@ -61,7 +67,7 @@ def atomic_save(obj: Any, path: AnyPath) -> pathlib.Path:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
             raise
-    _fsync_directory(target.parent)
+    fsync_directory(target.parent)
     return target
 
 

@@ -5,6 +5,8 @@ which names the format and its version, and records every array's file, shape,
 dtype, byte size and SHA-256 (computed while writing), plus free-form metadata.
 Nothing is pickled: ``.npy`` files are opened with ``allow_pickle=False`` and
 memory-mapped, so processes on one machine share one copy through the page cache.
+A store reads only its own directory: the manifest names each array by a plain
+file name there, and neither the manifest nor an array may be a symbolic link.
 
 Writing is atomic in the sense of :mod:`imitation_accum.io.atomic`: the files are
 written and ``fsync``-ed in a temporary directory next to the target (named as
@@ -12,7 +14,6 @@ that module names its temporaries), which is then renamed into place; a reader
 sees the old store or the new one, never a part of one.
 """
 
-import contextlib
 import hashlib
 import json
 import os
@@ -74,7 +75,7 @@ def write_store(
             json.dump(manifest, file, indent=1, sort_keys=True)
             file.flush()
             os.fsync(file.fileno())
-        _fsync(temporary)
+        atomic.fsync_directory(temporary)
         _replace_directory(temporary, target)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
@@ -99,18 +100,9 @@ def _replace_directory(source: pathlib.Path, target: pathlib.Path) -> None:
         old = _temporary_sibling(target, "old.")
         os.replace(target, old)
     os.replace(source, target)
-    _fsync(target.parent)
+    atomic.fsync_directory(target.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync(directory: pathlib.Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _write_array(
@@ -165,6 +157,11 @@ def read_manifest(path: AnyPath) -> Dict[str, Any]:
     manifest_path = directory / MANIFEST
     if not directory.is_dir():
         raise StoreError(f"{directory}: no such frame-store directory")
+    if manifest_path.is_symlink():
+        raise StoreError(
+            f"{manifest_path}: a symbolic link; the manifest of the frame store "
+            f"{directory} must be a plain file inside it",
+        )
     if not manifest_path.is_file():
         raise StoreError(f"{manifest_path}: missing; {directory} is not a frame store")
     try:
@@ -202,16 +199,34 @@ def open_array(
 
     Raises:
         StoreError: naming the file, if it is missing, truncated, corrupt or of
-            another shape or dtype than the manifest records.
+            another shape or dtype than the manifest records; naming the
+            manifest's entry and the store, if the entry is not a plain file name
+            inside the store's directory or the file is a symbolic link.
     """
+    directory = pathlib.Path(path)
     try:
         entry = manifest["arrays"][name]
-        file = pathlib.Path(path) / entry["file"]
+        file_name = entry["file"]
         shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
     except (KeyError, TypeError, ValueError) as error:
         raise StoreError(
-            f"{pathlib.Path(path) / MANIFEST}: no valid entry for array {name!r}",
+            f"{directory / MANIFEST}: no valid entry for array {name!r}",
         ) from error
+    # Checked before anything is opened: a crafted manifest must not make a
+    # load read (or map) a file outside the store.
+    if not _is_plain_name(file_name):
+        raise StoreError(
+            f"{directory / MANIFEST}: array {name!r} is stored in {file_name!r}, "
+            f"not a plain file name inside the store {directory} (no path "
+            "separators, no '..', not absolute)",
+        )
+    file = directory / file_name
+    if file.is_symlink():
+        raise StoreError(
+            f"{directory / MANIFEST}: array {name!r} is stored in {file_name!r}, "
+            f"a symbolic link; the arrays of the store {directory} must be plain "
+            "files inside it",
+        )
     if not file.is_file():
         raise StoreError(f"{file}: missing")
     try:
@@ -242,6 +257,17 @@ def open_array(
     if int(np.prod(shape)) == 0:
         return np.empty(shape, dtype)
     return np.load(file, mmap_mode="r", allow_pickle=False)
+
+
+def _is_plain_name(file_name: Any) -> bool:
+    # A name is plain if it is its own last component under either path syntax
+    # (this also refuses Windows drive names such as "C:x.npy").
+    return (
+        isinstance(file_name, str)
+        and file_name not in ("", ".", "..")
+        and pathlib.PurePosixPath(file_name).name == file_name
+        and pathlib.PureWindowsPath(file_name).name == file_name
+    )
 
 
 def _file_digest(file: pathlib.Path, offset: int) -> str:

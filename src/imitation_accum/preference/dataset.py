@@ -7,14 +7,17 @@ dataset copies what it is given on :meth:`~PreferenceDataset.push` into a few
 arrays (see :mod:`~imitation_accum.preference.frame_stacks` for how frame stacks
 are split), evicts the oldest pairs beyond ``max_size`` and frees their frames,
 and saves to a pickle-free, memory-mappable directory
-(:mod:`imitation_accum.io.frame_store`). The trainers gather a chunk's frames from
-those arrays directly (:mod:`imitation_accum.preference.pair_table`).
+(:mod:`imitation_accum.io.frame_store`), whose arrays are checked against each
+other when it is loaded. The trainers gather a chunk's frames from those arrays
+directly (:mod:`imitation_accum.preference.pair_table`).
 
 Reading an item materializes its fragments (``TrajectoryWithRew`` objects with
-observations as imitation's, ``infos`` as JSON, see
-:mod:`~imitation_accum.preference.info_codec`), so code written for
-imitation's dataset keeps working; ``fragments1``, ``fragments2`` and
-``preferences`` are read-only views.
+observations as imitation's), so code written for imitation's dataset keeps
+working; ``fragments1``, ``fragments2`` and ``preferences`` are read-only views.
+A fragment's ``infos`` are kept as JSON: numpy arrays and scalars round-trip
+exactly; any other object is kept as its ``repr`` (with a warning), since only a
+pickle could keep it as it was. A dataset imitation pickled is read back with
+:func:`read_imitation_pickle`.
 
 Example:
     >>> from imitation_accum import PreferenceDataset  # doctest: +SKIP
@@ -24,8 +27,11 @@ Example:
     >>> shared = PreferenceDataset.load("preferences.store")  # memory-mapped
 """
 
+import json
 import pathlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import pickle
+import warnings
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from imitation.algorithms import preference_comparisons as pc
@@ -33,12 +39,7 @@ from imitation.data import types
 from imitation.util import util
 
 from imitation_accum.io import frame_store
-from imitation_accum.preference import (
-    dataset_store,
-    fragment_views,
-    frame_stacks,
-    info_codec,
-)
+from imitation_accum.preference import frame_stacks
 from imitation_accum.preference.row_store import RowStore
 
 AnyPath = types.AnyPath
@@ -49,6 +50,21 @@ ImitationPreferenceDataset = pc.PreferenceDataset
 
 # Columns of the per-fragment index.
 _OBS, _TRANS, _LENGTH, _TERMINAL, _FRAME, _HAS_REWS = range(6)
+
+# The store's arrays, one per column of the dataset.
+_ARRAYS = (
+    "frames",
+    "obs_frames",
+    "acts",
+    "rews",
+    "fragments",
+    "preferences",
+    "infos",  # each fragment's infos, JSON bytes end to end
+    "info_spans",  # per fragment: where its infos start in infos, and their size
+)
+
+# An array's rows: their shape and dtype.
+_RowType = Tuple[Tuple[int, ...], np.dtype]
 
 
 class PreferenceDataset(ImitationPreferenceDataset):
@@ -91,19 +107,19 @@ class PreferenceDataset(ImitationPreferenceDataset):
             firsts = [self._fragment(2 * i) for i in pairs]
             seconds = [self._fragment(2 * i + 1) for i in pairs]
             return (firsts, seconds), self.preferences[key]
-        i = fragment_views.position(key, len(self))
+        i = _position(key, len(self))
         pair = (self._fragment(2 * i), self._fragment(2 * i + 1))
         return pair, self.preferences[i]
 
     @property
     def fragments1(self) -> Sequence[Fragment]:  # type: ignore[override]
         """The first fragments, materialized on access (read-only)."""
-        return fragment_views.SideFragments(self, 0)
+        return _SideFragments(self, 0)
 
     @property
     def fragments2(self) -> Sequence[Fragment]:  # type: ignore[override]
         """The second fragments, materialized on access (read-only)."""
-        return fragment_views.SideFragments(self, 1)
+        return _SideFragments(self, 1)
 
     @property
     def preferences(self) -> np.ndarray:  # type: ignore[override]
@@ -142,7 +158,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
         terminal = bool(row[_TERMINAL])
         spans = cols["info_spans"]
         start, size = spans.take(np.array([spans.first + position]))[0]
-        infos = info_codec.decode(cols["infos"].rows(start, start + size).tobytes())
+        infos = _decode_infos(cols["infos"].rows(start, start + size).tobytes())
         if not row[_HAS_REWS]:
             return types.Trajectory(obs=obs, acts=acts, infos=infos, terminal=terminal)
         rews = cols["rews"].rows(row[_TRANS], row[_TRANS] + length)
@@ -220,12 +236,12 @@ class PreferenceDataset(ImitationPreferenceDataset):
         for pair in fragments:
             if len(pair) != 2:
                 raise ValueError("fragments must be pairs of fragments")
-        reference = flat[0] if not self._columns else None
+        reference = _row_types(flat[0]) if not self._columns else None
         for position, frag in enumerate(flat):
             name = f"fragments[{position // 2}][{position % 2}]"
             self._check_fragment(frag, name)
             if reference is not None:
-                _check_alike(frag, reference, name)
+                _check_row_types(frag, name, reference, ", but fragments[0][0] has")
         if not self._columns:
             observations = [np.asarray(f.obs) for f in flat]
             self._create(frame_stacks.choose_layout(observations), flat[0])
@@ -244,19 +260,12 @@ class PreferenceDataset(ImitationPreferenceDataset):
         if not self._columns:
             return
         assert self._layout is not None
-        obs, acts = np.asarray(frag.obs), np.asarray(frag.acts)
-        expected = (self._layout.obs_shape, self._columns["frames"].dtype)
-        if (obs.shape[1:], obs.dtype) != expected:
-            raise ValueError(
-                f"{name} has observations {obs.dtype} {obs.shape[1:]}; this dataset "
-                f"holds {expected[1]} {expected[0]}",
-            )
-        acts_expected = (self._columns["acts"].row_shape, self._columns["acts"].dtype)
-        if (acts.shape[1:], acts.dtype) != acts_expected:
-            raise ValueError(
-                f"{name} has actions {acts.dtype} {acts.shape[1:]}; this dataset "
-                f"holds {acts_expected[1]} {acts_expected[0]}",
-            )
+        acts = self._columns["acts"]
+        expected = (
+            (self._layout.obs_shape, self._columns["frames"].dtype),
+            (acts.row_shape, acts.dtype),
+        )
+        _check_row_types(frag, name, expected, "; this dataset holds")
 
     def _create(self, layout: frame_stacks.StackLayout, first: Fragment) -> None:
         obs, acts = np.asarray(first.obs), np.asarray(first.acts)
@@ -282,7 +291,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
         trans_id = cols["acts"].append(np.asarray(frag.acts))
         rews = getattr(frag, "rews", None)
         cols["rews"].append(np.zeros(len(frag.acts)) if rews is None else rews)
-        encoded = np.frombuffer(info_codec.encode(frag.infos), dtype=np.uint8)
+        encoded = np.frombuffer(_encode_infos(frag.infos), dtype=np.uint8)
         info_id = cols["infos"].append(encoded)
         cols["info_spans"].append(np.array([[info_id, len(encoded)]], np.int64))
         cols["fragments"].append(
@@ -320,11 +329,48 @@ class PreferenceDataset(ImitationPreferenceDataset):
     # -- files -----------------------------------------------------------------
 
     def _arrays(self) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
-        """Blocks, shapes and metadata of the store file format (ids from 0)."""
+        """Blocks, shapes and metadata of the store file format (ids from 0).
+
+        The columns' ids start where the oldest kept row was; a store's start
+        at 0.
+        """
         assert self._layout is not None
-        return dataset_store.store_arrays(
-            self._columns, self._layout, n_pairs=len(self), max_size=self.max_size
-        )
+        columns = self._columns
+        fragments = columns["fragments"].to_array()
+        if len(fragments):
+            # The index's columns: first observation, first transition, length,
+            # terminal, first frame, has rewards; the ids shift to start at 0.
+            fragments = fragments - np.array(
+                [
+                    columns["obs_frames"].first,
+                    columns["acts"].first,
+                    0,
+                    0,
+                    columns["frames"].first,
+                    0,
+                ],
+            )
+        small = {
+            "obs_frames": columns["obs_frames"].to_array() - columns["frames"].first,
+            "fragments": fragments,
+            "info_spans": columns["info_spans"].to_array()
+            - np.array([columns["infos"].first, 0]),
+        }
+        blocks = {
+            name: [small[name]] if name in small else columns[name].blocks()
+            for name in _ARRAYS
+        }
+        shapes = {
+            name: ((len(columns[name]), *columns[name].row_shape), columns[name].dtype)
+            for name in _ARRAYS
+        }
+        metadata = {
+            "obs_shape": list(self._layout.obs_shape),
+            "channels": self._layout.channels,
+            "n_pairs": len(self),
+            "max_size": self.max_size,
+        }
+        return blocks, shapes, metadata
 
     def save(self, path: AnyPath) -> None:
         """Writes the dataset as a frame store: a directory (see :meth:`load`).
@@ -366,10 +412,17 @@ class PreferenceDataset(ImitationPreferenceDataset):
                 store is missing, truncated, corrupt or of another version.
         """
         directory = util.parse_path(path)
-        manifest, layout, columns = dataset_store.open_store(directory, verify=verify)
+        manifest = frame_store.read_manifest(directory)
+        arrays = {
+            name: frame_store.open_array(
+                directory, manifest, name, verify=verify or name != "frames"
+            )
+            for name in _ARRAYS
+        }
+        layout = _check_store(directory, manifest, arrays)
         dataset = PreferenceDataset(max_size=manifest["metadata"].get("max_size"))
         dataset._layout = layout
-        dataset._columns = columns
+        dataset._columns = {name: RowStore.of_array(a) for name, a in arrays.items()}
         dataset._fingerprint = frame_store.fingerprint_of(manifest)
         dataset._source = directory
         return dataset
@@ -417,19 +470,248 @@ class PreferenceDataset(ImitationPreferenceDataset):
             )
 
 
-def _check_alike(frag: Fragment, reference: Fragment, name: str) -> None:
-    obs, ref = np.asarray(frag.obs), np.asarray(reference.obs)
-    if (obs.shape[1:], obs.dtype) != (ref.shape[1:], ref.dtype):
-        raise ValueError(
-            f"{name} has observations {obs.dtype} {obs.shape[1:]}, but "
-            f"fragments[0][0] has {ref.dtype} {ref.shape[1:]}",
-        )
-    acts, ref_acts = np.asarray(frag.acts), np.asarray(reference.acts)
-    if (acts.shape[1:], acts.dtype) != (ref_acts.shape[1:], ref_acts.dtype):
-        raise ValueError(
-            f"{name} has actions {acts.dtype} {acts.shape[1:]}, but "
-            f"fragments[0][0] has {ref_acts.dtype} {ref_acts.shape[1:]}",
-        )
+# -- a pushed fragment's observations and actions ------------------------------
 
 
-__all__: List[str] = ["PreferenceDataset"]
+def _row_types(frag: Fragment) -> Tuple[_RowType, _RowType]:
+    """The row types of a fragment's observations and actions."""
+    obs, acts = np.asarray(frag.obs), np.asarray(frag.acts)
+    return (obs.shape[1:], obs.dtype), (acts.shape[1:], acts.dtype)
+
+
+def _check_row_types(
+    frag: Fragment,
+    name: str,
+    expected: Tuple[_RowType, _RowType],
+    holder: str,
+) -> None:
+    """Raises naming ``name`` if its observations or actions differ from ``expected``.
+
+    ``holder`` says what holds the expected types (the message's second half).
+    """
+    kinds = ("observations", "actions")
+    for kind, (shape, dtype), (want_shape, want_dtype) in zip(
+        kinds, _row_types(frag), expected
+    ):
+        if (shape, dtype) != (want_shape, want_dtype):
+            raise ValueError(
+                f"{name} has {kind} {dtype} {shape}{holder} {want_dtype} {want_shape}",
+            )
+
+
+# -- fragments1 and fragments2, read-only views --------------------------------
+
+
+def _position(key: Any, n: int) -> int:
+    """``key`` as an index into ``n`` pairs (negative from the end).
+
+    Raises:
+        IndexError: if it is out of range.
+    """
+    i = int(key)
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError(f"index {key} out of range for {n} pairs")
+    return i
+
+
+class _SideFragments(Sequence[Fragment]):
+    """One side's fragments of a dataset, materialized on access.
+
+    imitation keeps ``fragments1`` and ``fragments2`` as lists; this view reads
+    as one, without keeping a fragment.
+    """
+
+    def __init__(self, dataset: PreferenceDataset, side: int) -> None:
+        self._dataset = dataset
+        self._side = side
+
+    def __len__(self) -> int:
+        return len(self._dataset)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return [self[i] for i in range(len(self))[key]]
+        i = _position(key, len(self))
+        return self._dataset._fragment(2 * i + self._side)
+
+    def __iter__(self) -> Iterator[Fragment]:
+        return (self[i] for i in range(len(self)))
+
+    def __add__(self, other: Sequence[Fragment]) -> List[Fragment]:
+        # imitation's fragments are lists; code that concatenates them keeps working.
+        return [*self, *other]
+
+    def __radd__(self, other: Sequence[Fragment]) -> List[Fragment]:
+        return [*other, *self]
+
+
+# -- a loaded store's arrays checked against each other -----------------------
+
+
+def _check_store(
+    directory: pathlib.Path,
+    manifest: Mapping[str, Any],
+    arrays: Mapping[str, np.ndarray],
+) -> frame_stacks.StackLayout:
+    """Checks a store's arrays against each other and its metadata.
+
+    Each file has been checked against the manifest (shape, dtype, size, and the
+    digest of every array but the frames); these checks make sure the arrays
+    agree with each other, so that no index read later points outside its array.
+
+    Args:
+        directory: The store's directory (for messages).
+        manifest: Its manifest.
+        arrays: Its arrays, by name.
+
+    Returns:
+        The store's stack layout.
+
+    Raises:
+        imitation_accum.io.frame_store.StoreError: naming the file at fault.
+    """
+    try:
+        metadata = manifest["metadata"]
+        layout = frame_stacks.StackLayout(
+            tuple(int(n) for n in metadata["obs_shape"]),
+            int(metadata["channels"]),
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        where = directory / frame_store.MANIFEST
+        raise frame_store.StoreError(f"{where}: invalid metadata ({error})") from error
+
+    def fail(name: str, what: str) -> frame_store.StoreError:
+        return frame_store.StoreError(f"{directory / (name + '.npy')}: {what}")
+
+    frames, obs_frames = arrays["frames"], arrays["obs_frames"]
+    fragments, prefs = arrays["fragments"], arrays["preferences"]
+    if tuple(frames.shape[1:]) != layout.frame_shape:
+        raise fail(
+            "frames",
+            f"frames of shape {frames.shape[1:]}, the manifest's "
+            f"layout needs {layout.frame_shape}",
+        )
+    if obs_frames.shape[1:] != (layout.depth,):
+        raise fail(
+            "obs_frames",
+            f"rows of shape {obs_frames.shape[1:]}, expected ({layout.depth},)",
+        )
+    if fragments.shape[1:] != (6,) or len(fragments) != 2 * len(prefs):
+        raise fail(
+            "fragments", f"shape {fragments.shape} does not index {len(prefs)} pairs"
+        )
+    if len(arrays["rews"]) != len(arrays["acts"]):
+        raise fail(
+            "rews", f"{len(arrays['rews'])} rewards for {len(arrays['acts'])} actions"
+        )
+    if len(obs_frames) and (obs_frames.min() < 0 or obs_frames.max() >= len(frames)):
+        raise fail("obs_frames", f"frame index outside [0, {len(frames)})")
+    if len(fragments):
+        obs, trans, length = fragments[:, 0], fragments[:, 1], fragments[:, 2]
+        if (length < 1).any():
+            raise fail("fragments", "a fragment with no transitions")
+        if obs.min() < 0 or (obs + length + 1).max() > len(obs_frames):
+            raise fail("fragments", "observation index outside obs_frames.npy")
+        if trans.min() < 0 or (trans + length).max() > len(arrays["acts"]):
+            raise fail("fragments", "transition index outside acts.npy")
+    spans = arrays["info_spans"]
+    if spans.shape != (len(fragments), 2):
+        raise fail("info_spans", f"shape {spans.shape}, expected ({len(fragments)}, 2)")
+    if len(spans) and (
+        spans.min() < 0 or (spans[:, 0] + spans[:, 1]).max() > len(arrays["infos"])
+    ):
+        raise fail("info_spans", "a span outside infos.npy")
+    if not ((prefs >= 0) & (prefs <= 1)).all():
+        raise fail("preferences", "a preference outside [0, 1]")
+    return layout
+
+
+# -- a fragment's infos as JSON bytes -------------------------------------------
+
+_ARRAY, _REPR = "__ndarray__", "__repr__"
+
+
+def _encode_infos(infos: Optional[Any]) -> bytes:
+    """The JSON bytes of a fragment's infos (``None`` or a sequence of dicts)."""
+    value = None if infos is None else list(infos)
+    return json.dumps(value, default=_encode_value, separators=(",", ":")).encode()
+
+
+def _decode_infos(data: bytes) -> Optional[np.ndarray]:
+    """Infos as imitation keeps them: ``None`` or an object array of dicts."""
+    value = json.loads(data.decode(), object_hook=_decode_value)
+    if value is None:
+        return None
+    infos = np.empty(len(value), dtype=object)
+    infos[:] = value
+    return infos
+
+
+def _encode_value(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return {_ARRAY: value.tolist(), "dtype": value.dtype.str, "shape": value.shape}
+    if isinstance(value, np.generic):
+        return value.item()
+    warnings.warn(
+        f"an info value of type {type(value).__name__} is kept as its repr "
+        "(a frame store holds JSON, not pickles)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+    return {_REPR: repr(value)}
+
+
+def _decode_value(value: dict) -> Any:
+    if _ARRAY in value:
+        array = np.array(value[_ARRAY], dtype=np.dtype(value["dtype"]))
+        return array.reshape(value["shape"])
+    return value
+
+
+# -- what imitation's PreferenceDataset.save pickled ----------------------------
+
+
+class _ImitationUnpickler(pickle.Unpickler):
+    # Resolves imitation's dataset class to imitation's, also under patch().
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == (pc.__name__, "PreferenceDataset"):
+            return ImitationPreferenceDataset
+        return super().find_class(module, name)
+
+
+def read_imitation_pickle(path: AnyPath, name: str) -> ImitationPreferenceDataset:
+    """Loads what imitation's ``PreferenceDataset.save`` wrote (a trusted pickle).
+
+    Loading a pickle runs any code it holds: only for files you trust. Under
+    ``patch()`` too, the dataset comes back as imitation's class.
+
+    Args:
+        path: The pickle file.
+        name: How error messages name it.
+
+    Returns:
+        imitation's dataset.
+
+    Raises:
+        ValueError: naming ``name`` if the file does not unpickle, or holds
+            something other than imitation's ``PreferenceDataset``.
+    """
+    try:
+        with open(util.parse_path(path), "rb") as file:
+            dataset = _ImitationUnpickler(file).load()
+    except Exception as error:
+        raise ValueError(
+            f"{name} is not a readable PreferenceDataset pickle "
+            f"({type(error).__name__}: {error})",
+        ) from error
+    if not isinstance(dataset, ImitationPreferenceDataset):
+        raise ValueError(
+            f"{name} holds a {type(dataset).__name__}, not an imitation "
+            "PreferenceDataset",
+        )
+    return dataset
+
+
+__all__: List[str] = ["PreferenceDataset", "read_imitation_pickle"]

@@ -190,10 +190,3 @@ class FragmentLayout:
 
 def _cat(parts: List[np.ndarray]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
-def pair_fragments(
-    pairs: Sequence[Tuple[types.Trajectory, types.Trajectory]],
-) -> List[types.Trajectory]:
-    """Flattens pairs as ``[a0, b0, a1, b1, ...]`` (returns then pair up by stride)."""
-    return [frag for pair in pairs for frag in pair]

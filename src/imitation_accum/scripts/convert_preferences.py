@@ -19,8 +19,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from imitation_accum.preference.dataset import PreferenceDataset
-from imitation_accum.scripts import offline_data
+from imitation_accum.preference.dataset import PreferenceDataset, read_imitation_pickle
 
 #: Pairs pushed at a time (bounds the encoder's temporary arrays).
 _PUSH_PAIRS = 256
@@ -41,7 +40,7 @@ def convert(source: pathlib.Path, target: pathlib.Path) -> PreferenceDataset:
     """
     if not source.is_file():
         raise ValueError(f"{source}: no such file")
-    original = offline_data.read_imitation_pickle(source, str(source))
+    original = read_imitation_pickle(source, str(source))
     dataset = PreferenceDataset(max_size=original.max_size)
     preferences = np.asarray(original.preferences, dtype=np.float32)
     for start in range(0, len(original), _PUSH_PAIRS):

@@ -22,8 +22,8 @@ from imitation_accum.preference import dataset_checks
 from imitation_accum.preference.dataset import (
     ImitationPreferenceDataset,
     PreferenceDataset,
+    read_imitation_pickle,
 )
-from imitation_accum.preference.imitation_pickle import load_imitation_pickle
 
 
 def load_preference_dataset(
@@ -175,34 +175,3 @@ def same_data_on_every_rank(
         advice=": every rank must load the same dataset",
     )
     return value
-
-
-def read_imitation_pickle(
-    source: pathlib.Path, name: str
-) -> ImitationPreferenceDataset:
-    """Loads what imitation's ``PreferenceDataset.save`` wrote (a trusted pickle).
-
-    Args:
-        source: The pickle file.
-        name: How error messages name it.
-
-    Returns:
-        imitation's dataset.
-
-    Raises:
-        ValueError: naming ``name`` if the file does not unpickle, or holds
-            something other than imitation's ``PreferenceDataset``.
-    """
-    try:
-        dataset = load_imitation_pickle(source)
-    except Exception as error:
-        raise ValueError(
-            f"{name} is not a readable PreferenceDataset pickle "
-            f"({type(error).__name__}: {error})",
-        ) from error
-    if not isinstance(dataset, ImitationPreferenceDataset):
-        raise ValueError(
-            f"{name} holds a {type(dataset).__name__}, not an imitation "
-            "PreferenceDataset",
-        )
-    return dataset

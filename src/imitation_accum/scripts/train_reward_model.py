@@ -42,23 +42,23 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import numpy as np
 import torch as th
 from imitation.algorithms import preference_comparisons as pc
+from imitation.regularization import regularizers, updaters
 from imitation.rewards import reward_nets
 from imitation.scripts.ingredients import environment, reward
 from imitation.scripts.ingredients import logging as logging_ingredient
 from imitation.util import logger as imit_logger
 from sacred.observers import FileStorageObserver
 
-from imitation_accum import checkpoint, distributed
+from imitation_accum import _validation, checkpoint, distributed
+from imitation_accum.engine import acceleration
+from imitation_accum.preference import arguments
 from imitation_accum.scripts import (
     atari_configs,
     config_checks,
     experiment,
     gpu_configs,
     ingredients,
-    offline_config,
     offline_data,
-    offline_resume,
-    regularizer_config,
 )
 
 # Configured and run under imitation_accum.patched(), as this package's other
@@ -76,6 +76,16 @@ train_reward_model_ex.own_sections.extend(
 )
 train_reward_model_ex.add_alternatives(
     "reward_trainer_kwargs", "minibatch_size", "memory_budget"
+)
+
+#: Trainer arguments this experiment sets itself.
+_SET_BY_EXPERIMENT = (
+    "preference_model",
+    "loss",
+    "rng",
+    "custom_logger",
+    "regularizer_factory",
+    "process_group",
 )
 
 
@@ -140,10 +150,108 @@ for _name, _game in atari_configs.GAMES.items():
 gpu_configs.add_named_configs(train_reward_model_ex)
 
 
+def _check_config(
+    config: Dict[str, Any],
+    command_name: str,
+    logger: Any,
+) -> Dict[str, Any]:
+    """Config hook: every key checked before anything is loaded or built.
+
+    A wrong value is named by its key (``reward_trainer_kwargs.minibatch_size``,
+    ``held_out_fraction``, ...). The files (``dataset_path``, ``resume_from``)
+    are needed only to train: ``print_config`` and the other commands run
+    without them.
+    """
+    trains = command_name == "train_reward_model"
+    path = config["dataset_path"]
+    if path is None and trains:
+        raise ValueError(
+            "dataset_path is required: a PreferenceDataset saved with "
+            "PreferenceDataset.save (train_preference_comparisons with "
+            "save_preferences=True writes preferences.pkl)",
+        )
+    if path is not None and not pathlib.Path(path).exists():
+        raise ValueError(f"dataset_path={path!r}: no such file")
+    fraction = config["held_out_fraction"]
+    if not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
+        raise ValueError(f"held_out_fraction={fraction!r} must lie in [0, 1)")
+    kwargs = config["reward_trainer_kwargs"]
+    accepted = ingredients.accepted_keywords(
+        distributed.DistributedRewardTrainer,
+        exclude=_SET_BY_EXPERIMENT,
+    )
+    key = "reward_trainer_kwargs"
+    ingredients.check_keywords(key, kwargs, accepted, "CrossEntropyRewardTrainer")
+    optimizer_cls = config_checks.optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
+    arguments.check_trainer_values(kwargs, f"{key}.", optimizer_cls)
+    config_checks.warn_budget_beyond_machine(
+        logger, f"{key}.memory_budget", kwargs.get("memory_budget")
+    )
+    _validation.positive_int(f"{key}.epochs", kwargs.get("epochs", 1))
+    acceleration.Acceleration.parse(kwargs.get("acceleration"), f"{key}.acceleration")
+    config_checks.check_preference_model_kwargs(config["preference_model_kwargs"])
+    _validation.non_negative_int("held_out_seed", config["held_out_seed"])
+    interval = config["checkpoint_interval"]
+    if isinstance(interval, bool) or not isinstance(interval, int):
+        raise ValueError(f"checkpoint_interval={interval!r} must be an int")
+    resume = config["resume_from"]
+    if resume is not None and not pathlib.Path(resume).is_file():
+        raise ValueError(f"resume_from={resume!r}: no such file")
+    config_checks.check_regularizer(config["regularizer"])
+    config_checks.check_reward_ingredient(config, "train_reward_model")
+    config_checks.check_device(config["device"])
+    distributed.process_group.check_timeout(
+        "collective_timeout_s", config["collective_timeout_s"]
+    )
+    return {}
+
+
 ingredients.add_hooks(
     train_reward_model_ex,
-    [offline_config.check_config, ingredients.check_environment],
+    [_check_config, ingredients.check_environment],
 )
+
+
+def _regularizer_factory(
+    config: Mapping[str, Any],
+) -> Optional[regularizers.RegularizerFactory]:
+    """Imitation's regularizer factory for the ``regularizer`` config.
+
+    The keys are checked by :func:`config_checks.check_regularizer` in the
+    config hook, before anything is built.
+
+    Args:
+        config: The section (``kind``, ``initial_lambda``, ``p``,
+            ``scaling_factor``, ``tolerable_interval``, ``val_split``).
+
+    Returns:
+        An ``LpRegularizer`` or ``WeightDecayRegularizer`` factory, with an
+        ``IntervalParamScaler`` when ``scaling_factor`` is set; ``None`` when
+        ``kind`` is ``None``.
+    """
+    kind = config["kind"]
+    if kind is None:
+        return None
+    updater = None
+    val_split = None
+    if config["scaling_factor"] is not None:
+        updater = updaters.IntervalParamScaler(
+            config["scaling_factor"],
+            tuple(config["tolerable_interval"]),
+        )
+        val_split = float(config["val_split"])
+    if kind == "lp":
+        return regularizers.LpRegularizer.create(
+            config["initial_lambda"],
+            updater,
+            val_split=val_split,  # type: ignore[arg-type]
+            p=config["p"],
+        )
+    return regularizers.WeightDecayRegularizer.create(
+        config["initial_lambda"],
+        updater,
+        val_split=val_split,  # type: ignore[arg-type]
+    )
 
 
 def _check_single_net(net: reward_nets.RewardNet) -> None:
@@ -151,6 +259,69 @@ def _check_single_net(net: reward_nets.RewardNet) -> None:
         raise ValueError(
             "reward.net_cls: train_reward_model trains a single reward net, not a "
             "RewardEnsemble; train each member as its own run",
+        )
+
+
+#: Metadata kept for messages, not compared (a dataset may move).
+_DESCRIPTIVE = ("dataset_path",)
+
+
+def _check_resumable(
+    state: checkpoint.TrainingState,
+    metadata: Mapping[str, Any],
+    path: str,
+) -> None:
+    """Raises unless ``state`` was written for this run's data and split.
+
+    A checkpoint resumes only on the data and held-out split it was trained on.
+
+    Args:
+        state: The checkpoint's training state.
+        metadata: This run's ``dataset_fingerprint``, ``dataset_path``,
+            ``dataset_pairs`` and ``held_out_split``.
+        path: ``resume_from`` (for messages).
+
+    Raises:
+        ValueError: naming ``resume_from`` and the key that differs.
+    """
+    saved = state.metadata
+    old = saved.get("dataset_fingerprint")
+    new = metadata["dataset_fingerprint"]
+    if old is not None and old != new:
+        raise ValueError(
+            f"resume_from={path!r} was trained on the data of "
+            f"{saved.get('dataset_path', 'another file')!r} (fingerprint "
+            f"{old[:19]}), but dataset_path={metadata['dataset_path']!r} holds "
+            f"other data (fingerprint {new[:19]}): resume with the dataset the "
+            "checkpoint was trained on",
+        )
+    for key, value in metadata.items():
+        if key in _DESCRIPTIVE or key == "dataset_fingerprint":
+            continue
+        if saved.get(key) != value:
+            raise ValueError(
+                f"resume_from={path!r} was written for {key}="
+                f"{saved.get(key)!r}, but this run has {value!r}: resume "
+                "with the same dataset_path, held_out_fraction and held_out_seed",
+            )
+
+
+def _apply_configured_optimizer(
+    trainer: Any,
+    trainer_kwargs: Mapping[str, Any],
+    custom_logger: imit_logger.HierarchicalLogger,
+) -> None:
+    """The configured lr and optimizer_kwargs win over a checkpoint's, and say so."""
+    configured = {
+        "lr": trainer_kwargs.get("lr", 1e-3),
+        **(trainer_kwargs.get("optimizer_kwargs") or {}),
+    }
+    changed = checkpoint.apply_hyperparameters(trainer.optim, configured)
+    for name, (old, new) in changed.items():
+        key = "lr" if name == "lr" else f"optimizer_kwargs.{name}"
+        custom_logger.log(
+            f"Resuming with reward_trainer_kwargs.{key}={new!r}, not the "
+            f"checkpoint's {old!r}: the configured value is applied",
         )
 
 
@@ -297,7 +468,7 @@ def _train(
     if resume_from is not None:
         state = checkpoint.load_training_state(resume_from)
         checkpoint.check_fits(state, net, resume_from)
-        offline_resume.check_resumable(state, metadata, resume_from)
+        _check_resumable(state, metadata, resume_from)
     net = net.to(context.device)
 
     with _run_logger(context) as (custom_logger, log_dir):
@@ -307,7 +478,7 @@ def _train(
             np.random.default_rng(seed),
             epochs=1,  # one epoch per train() call, to checkpoint between epochs
             custom_logger=custom_logger,
-            regularizer_factory=regularizer_config.regularizer_factory(regularizer),
+            regularizer_factory=_regularizer_factory(regularizer),
             **kwargs,
         )
         first_epoch = 0
@@ -316,9 +487,7 @@ def _train(
             checkpoint.restore_state(trainer, state, resume_from)
             first_epoch = state.epoch
             custom_logger.log(f"Resuming from {resume_from} after epoch {first_epoch}")
-            offline_resume.apply_configured_optimizer(
-                trainer, trainer_kwargs, custom_logger
-            )
+            _apply_configured_optimizer(trainer, trainer_kwargs, custom_logger)
 
         checkpoint_dir = None if log_dir is None else log_dir / "checkpoints"
         state_path = None
