@@ -27,8 +27,11 @@ from tqdm.auto import tqdm
 from imitation_accum import _validation
 from imitation_accum.engine import acceleration as acceleration_options
 from imitation_accum.engine import checkpointing, precision, staging
-from imitation_accum.engine.accumulator import GradientAccumulator
-from imitation_accum.engine.task import EvaluationResult, StepResult
+from imitation_accum.engine.accumulator import (
+    EvaluationResult,
+    GradientAccumulator,
+    StepResult,
+)
 from imitation_accum.planning import budget, probe
 from imitation_accum.planning.plan import StepPlan, StepPolicy, run_step
 from imitation_accum.preference import (
