@@ -61,7 +61,7 @@ from imitation.regularization import regularizers
 from imitation.util import networks
 from torch import nn
 
-from imitation_accum.engine import checkpointing, norm_replay, precision
+from imitation_accum.engine import acceleration, norm_replay
 from imitation_accum.planning.plan import StepPlan
 
 ChunkT = TypeVar("ChunkT")
@@ -238,12 +238,12 @@ class GradientAccumulator(Generic[ChunkT]):
             ValueError: if checkpointing is asked for and the net has no CNN stack.
         """
         self.autocast_dtype = autocast_dtype
-        self.scaler = precision.make_grad_scaler(autocast_dtype, self.device)
+        self.scaler = acceleration.make_grad_scaler(autocast_dtype, self.device)
         self._scaler_pending = False
         self.checkpointed: List[nn.Module] = []
         if activation_checkpointing:
-            checkpointing.check_checkpointable(self.net)
-            self.checkpointed = checkpointing.checkpointable_cnns(self.net)
+            acceleration.check_checkpointable(self.net)
+            self.checkpointed = acceleration.checkpointable_cnns(self.net)
 
     def forward_context(self, *, grad: bool) -> contextlib.AbstractContextManager:
         """Context for reward-net forwards: autocast, and checkpointing with grad.
@@ -262,7 +262,7 @@ class GradientAccumulator(Generic[ChunkT]):
                 th.autocast(self.device.type, dtype=self.autocast_dtype),
             )
         if grad and self.checkpointed:
-            stack.enter_context(checkpointing.checkpointing(self.checkpointed))
+            stack.enter_context(acceleration.checkpointing(self.checkpointed))
         return stack
 
     def measuring(self, *, checkpointing: bool = True) -> contextlib.ExitStack:
