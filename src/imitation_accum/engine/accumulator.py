@@ -160,13 +160,6 @@ class EvaluationResult:
     metrics: Dict[str, float]
 
 
-def concat_losses(parts: Sequence[th.Tensor]) -> np.ndarray:
-    """Per-item losses of chunks, in order, as one array."""
-    if not parts:
-        return np.zeros(0, dtype=np.float32)
-    return th.cat(list(parts)).cpu().numpy()
-
-
 class GradientAccumulator(Generic[ChunkT]):
     """Accumulates gradients over chunks and steps once per batch.
 
@@ -368,9 +361,6 @@ class GradientAccumulator(Generic[ChunkT]):
         if self.norms.active and (plan.net_calls > 1 or two_pass):
             stats = self._gather_norm_statistics(task, chunks, plan.forward_size)
         replay = self.norms.replaying(stats) if stats else contextlib.nullcontext()
-        loss_sums: List[th.Tensor] = []
-        item_losses: List[th.Tensor] = []
-        metric_sums: Dict[str, th.Tensor] = {}
         with replay:
             if two_pass:
                 outs = self._two_pass(
@@ -381,11 +371,7 @@ class GradientAccumulator(Generic[ChunkT]):
                 )
             else:
                 outs = self._one_pass(task, chunks, n_items, plan.forward_size)
-        for out in outs:
-            loss_sums.append(out.loss_sum.detach())
-            item_losses.append(out.item_losses)
-            for name, value in out.metric_sums.items():
-                metric_sums[name] = metric_sums.get(name, 0) + value
+        loss_sums = [out.loss_sum.detach() for out in outs]
         if not chunks:
             self._join_without_items()
         losses = th.stack(loss_sums) if loss_sums else th.zeros(0, device=self.device)
@@ -432,8 +418,8 @@ class GradientAccumulator(Generic[ChunkT]):
             self.optimizer.step()
         return StepResult(
             loss=mean_loss,
-            item_losses=concat_losses(item_losses),
-            metrics=self._global_means(metric_sums, task.metric_names, n_items),
+            item_losses=_item_losses(outs),
+            metrics=self._global_means(_metric_sums(outs), task.metric_names, n_items),
             grad_norm=grad_norm,
             n_items=n_items,
             n_minibatches=len(chunks),
@@ -442,7 +428,7 @@ class GradientAccumulator(Generic[ChunkT]):
             two_pass=two_pass,
             skipped=overflow,
             loss_scale=loss_scale,
-            item_outputs=_concat_outputs(outs),
+            item_outputs=_item_outputs(outs),
         )
 
     def _one_pass(
@@ -557,22 +543,18 @@ class GradientAccumulator(Generic[ChunkT]):
         Returns:
             Mean loss, per-item losses and mean metrics.
         """
-        item_losses: List[th.Tensor] = []
-        metric_sums: Dict[str, th.Tensor] = {}
+        outs = []
         with th.no_grad(), networks.evaluating(self.net):
             for chunk in chunks:
                 with self.forward_context(grad=False):
                     outputs = task.forward(chunk, plan.forward_size)
-                out = task.loss(chunk, outputs.float())
-                item_losses.append(out.item_losses)
-                for name, value in out.metric_sums.items():
-                    metric_sums[name] = metric_sums.get(name, 0) + value
-        losses = concat_losses(item_losses)
+                outs.append(task.loss(chunk, outputs.float()))
+        losses = _item_losses(outs)
         total = self._global_sum(th.as_tensor(losses.sum(), dtype=th.float64))
         return EvaluationResult(
             loss=float(total) / n_items,
             item_losses=losses,
-            metrics=self._global_means(metric_sums, task.metric_names, n_items),
+            metrics=self._global_means(_metric_sums(outs), task.metric_names, n_items),
         )
 
     # The parts of a step a process group shares; the distributed engine
@@ -771,6 +753,23 @@ def synchronize(device: th.device) -> None:
         th.cuda.synchronize(device)
 
 
-def _concat_outputs(outs: Sequence[ChunkLoss]) -> Optional[th.Tensor]:
+def _item_losses(outs: Sequence[ChunkLoss]) -> np.ndarray:
+    """The chunks' per-item losses, in order, as one array."""
+    if not outs:
+        return np.zeros(0, dtype=np.float32)
+    return th.cat([out.item_losses for out in outs]).cpu().numpy()
+
+
+def _metric_sums(outs: Sequence[ChunkLoss]) -> Dict[str, th.Tensor]:
+    """Each metric summed over the chunks."""
+    sums: Dict[str, th.Tensor] = {}
+    for out in outs:
+        for name, value in out.metric_sums.items():
+            sums[name] = sums.get(name, 0) + value
+    return sums
+
+
+def _item_outputs(outs: Sequence[ChunkLoss]) -> Optional[th.Tensor]:
+    """The chunks' ``item_outputs``, in order; ``None`` if no chunk has any."""
     parts = [out.item_outputs for out in outs if out.item_outputs is not None]
     return th.cat(parts) if parts else None
