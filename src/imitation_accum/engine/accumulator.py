@@ -29,7 +29,8 @@ replayed ``RunningNorm``/``EMANorm`` statistics (the pre-pass always runs).
 autocast dtype for every reward-net forward (float16 brings a ``GradScaler``: each
 chunk's loss is scaled, and unscaling, clipping, the step and the scale update
 happen once per batch; a step with overflowing gradients is skipped and counted)
-and activation checkpointing of CNN reward nets.
+and activation checkpointing of CNN reward nets (both in
+:mod:`imitation_accum.engine.acceleration`).
 
 **Scale-out.** The parts of a step that a process group shares (the two-pass loss,
 backward, sums of figures, norm moments) are methods that the distributed engine
