@@ -21,7 +21,6 @@ from imitation.util import networks
 
 from imitation_accum import Acceleration, CrossEntropyRewardTrainer
 from imitation_accum.engine import acceleration as acceleration_module
-from imitation_accum.nets import acceleration as net_acceleration
 from tests import reference as ref
 
 TOL = 2e-5  # relative to the gradient norm
@@ -163,7 +162,7 @@ def test_channels_last_minibatch_means_naive_fails(frames_dataset):
     expected = reference_grads(initial, frames_dataset)
     pairs, prefs = ref.batch_of(frames_dataset, range(len(frames_dataset)))
     naive_net = copy.deepcopy(initial)
-    with net_acceleration.channels_last(naive_net):
+    with acceleration_module.channels_last(naive_net):
         means = [
             ref.full_batch_loss(naive_net, pairs[s : s + 2], prefs[s : s + 2])
             for s in range(0, 5, 2)
@@ -231,7 +230,7 @@ def test_static_shape_forward_pads_and_cuts():
         calls.append((tuple(x.shape), tuple(y.shape)))
         return x.sum(1) + y
 
-    forward = net_acceleration.StaticShapeForward(function)
+    forward = acceleration_module.StaticShapeForward(function)
     x, y = th.ones(8, 2), th.arange(8.0)
     expected = x.sum(1) + y
     for n in (4, 3, 6, 5, 1, 8):

@@ -9,7 +9,7 @@ import pytest
 import torch as th
 from imitation.rewards.reward_nets import CnnRewardNet
 
-from imitation_accum.engine import checkpointing
+from imitation_accum.engine import acceleration
 from imitation_accum.planning import probe
 from tests import reference as ref
 from tests.test_preference_exactness import TOL, make_net, make_trainer
@@ -110,7 +110,7 @@ def test_checkpointing_keeps_only_the_stack_inputs():
     params = list(net.parameters())
     cpu = th.device("cpu")
     plain = probe.measure_saved_bytes(run, 6, params, cpu)
-    with checkpointing.checkpointing(checkpointing.checkpointable_cnns(net)):
+    with acceleration.checkpointing(acceleration.checkpointable_cnns(net)):
         kept = probe.measure_saved_bytes(run, 6, params, cpu)
     # The two ReLU outputs of 4 channels and the pooled features the final layer
     # reads are no longer kept; the stack's input (and what the net saves outside

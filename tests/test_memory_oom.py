@@ -13,7 +13,7 @@ import torch as th
 from imitation.rewards.reward_nets import BasicRewardNet
 from imitation.util import networks
 
-from imitation_accum.engine import gradients, norm_replay
+from imitation_accum.engine import accumulator, norm_replay
 from tests import reference as ref
 from tests.test_preference_exactness import TOL, make_trainer
 
@@ -109,13 +109,13 @@ def buffers_after_a_step_failing_after_its_norm_update(dataset, monkeypatch):
 
     trainer.engine.step = recording_step
     measured = [0]
-    clip = gradients.clip_and_measure
+    clip = accumulator.clip_and_measure
 
     def failing_second(params, max_grad_norm):
         measured[0] += 1  # runs after the step's norm statistics are committed
         return float("nan") if measured[0] == 2 else clip(params, max_grad_norm)
 
-    monkeypatch.setattr(gradients, "clip_and_measure", failing_second)
+    monkeypatch.setattr(accumulator, "clip_and_measure", failing_second)
     with pytest.raises(FloatingPointError, match="non-finite gradient norm"):
         trainer.train(dataset)
     return after_first[0], ref.buffers(net)

@@ -11,7 +11,7 @@ import pytest
 import torch as th
 from imitation.rewards.reward_nets import BasicRewardNet
 
-from imitation_accum.engine import precision
+from imitation_accum.engine import acceleration
 from tests import reference as ref
 from tests.test_preference_exactness import TOL, make_trainer
 
@@ -75,7 +75,7 @@ def float16_on_cpu(monkeypatch):
     The trainer refuses it, but torch runs it: this exercises the scaler's
     once-per-batch logic here.
     """
-    monkeypatch.setattr(precision, "check_supported", lambda *args, **kwargs: None)
+    monkeypatch.setattr(acceleration, "check_supported", lambda *args, **kwargs: None)
 
 
 @pytest.mark.usefixtures("float16_on_cpu")

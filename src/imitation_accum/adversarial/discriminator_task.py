@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from imitation_accum.engine import staging
-from imitation_accum.engine.task import ChunkLoss
+from imitation_accum.engine.accumulator import ChunkLoss
 from imitation_accum.nets import input_preparation
 
 #: ``logits_expert_is_high(state, action, next_state, done, log_policy_act_prob)``.

@@ -43,8 +43,7 @@ from imitation_accum.adversarial.arguments import (
 )
 from imitation_accum.engine import acceleration as acceleration_options
 from imitation_accum.engine import staging
-from imitation_accum.engine.accumulator import GradientAccumulator
-from imitation_accum.engine.task import StepResult
+from imitation_accum.engine.accumulator import GradientAccumulator, StepResult
 from imitation_accum.planning import budget, probe
 from imitation_accum.planning.plan import StepPlan, StepPolicy, run_step
 

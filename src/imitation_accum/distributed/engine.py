@@ -49,9 +49,13 @@ import torch.distributed as dist
 from imitation.regularization import regularizers
 from torch import nn
 
-from imitation_accum.engine import norm_replay, rng
-from imitation_accum.engine.accumulator import GradientAccumulator
-from imitation_accum.engine.task import AccumulationTask, StepResult
+from imitation_accum.engine import norm_replay
+from imitation_accum.engine.accumulator import (
+    AccumulationTask,
+    GradientAccumulator,
+    StepResult,
+    forked_rng,
+)
 from imitation_accum.planning.plan import StepPlan
 
 ChunkT = TypeVar("ChunkT")
@@ -186,7 +190,7 @@ class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
         return total
 
     def _join_without_items(self) -> None:
-        with rng.forked_rng(self.device), self.norms.frozen():
+        with forked_rng(self.device), self.norms.frozen():
             output = self._empty_forward(self.ddp)
             self._backward(output.sum())
 

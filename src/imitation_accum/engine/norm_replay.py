@@ -300,10 +300,7 @@ class NormReplay:
 
     def commit(self, stats: ReplayedStatistics) -> None:
         """Writes the final replayed statistics into the layers' buffers."""
-        with th.no_grad():
-            for layer, state in zip(self.layers, stats.final_buffers):
-                for name, buf in layer.named_buffers():
-                    buf.copy_(state[name])
+        self._write(stats.final_buffers)
 
     def snapshot(self) -> List[Dict[str, th.Tensor]]:
         """Copies of every layer's buffers, for :meth:`restore`."""
@@ -314,8 +311,12 @@ class NormReplay:
 
     def restore(self, snapshot: Sequence[Dict[str, th.Tensor]]) -> None:
         """Puts back buffers saved by :meth:`snapshot`."""
+        self._write(snapshot)
+
+    def _write(self, buffers: Sequence[Dict[str, th.Tensor]]) -> None:
+        """Copies ``buffers`` (per layer, by name) into the layers' buffers."""
         with th.no_grad():
-            for layer, state in zip(self.layers, snapshot):
+            for layer, state in zip(self.layers, buffers):
                 for name, buf in layer.named_buffers():
                     buf.copy_(state[name])
 

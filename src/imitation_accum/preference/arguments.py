@@ -12,7 +12,7 @@ import numpy as np
 from imitation.algorithms import preference_comparisons as pc
 
 from imitation_accum import _validation
-from imitation_accum.engine import precision
+from imitation_accum.engine import acceleration
 from imitation_accum.planning import budget
 
 
@@ -205,7 +205,7 @@ def check_trainer_values(
         _validation.positive_finite_float(
             f"{prefix}max_grad_norm", kwargs["max_grad_norm"]
         )
-    precision.parse_autocast_dtype(
+    acceleration.parse_autocast_dtype(
         kwargs.get("autocast_dtype"), f"{prefix}autocast_dtype"
     )
     for flag in ("drop_last", "progress_bar", "activation_checkpointing"):

@@ -28,7 +28,7 @@ from imitation.util import util
 from torch.nn import functional as F  # noqa: N812
 
 from imitation_accum.engine import staging
-from imitation_accum.engine.task import ChunkLoss
+from imitation_accum.engine.accumulator import ChunkLoss
 from imitation_accum.nets import input_preparation
 from imitation_accum.preference import fragments, pair_table, staged_batch
 from imitation_accum.preference.pair_chunks import (

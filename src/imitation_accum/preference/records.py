@@ -6,7 +6,7 @@ from typing import Mapping, Optional, Tuple
 import numpy as np
 from imitation.util import logger as imit_logger
 
-from imitation_accum.engine.task import StepResult
+from imitation_accum.engine.accumulator import StepResult
 from imitation_accum.planning.plan import StepPlan
 from imitation_accum.planning.probe import ActivationProfile
 

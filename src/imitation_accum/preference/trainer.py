@@ -26,9 +26,12 @@ from tqdm.auto import tqdm
 
 from imitation_accum import _validation
 from imitation_accum.engine import acceleration as acceleration_options
-from imitation_accum.engine import checkpointing, precision, staging
-from imitation_accum.engine.accumulator import GradientAccumulator
-from imitation_accum.engine.task import EvaluationResult, StepResult
+from imitation_accum.engine import staging
+from imitation_accum.engine.accumulator import (
+    EvaluationResult,
+    GradientAccumulator,
+    StepResult,
+)
 from imitation_accum.planning import budget, probe
 from imitation_accum.planning.plan import StepPlan, StepPolicy, run_step
 from imitation_accum.preference import (
@@ -179,7 +182,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         self.two_pass = two_pass
         self.drop_last = drop_last
         self.progress_bar = progress_bar
-        self.autocast_dtype = precision.parse_autocast_dtype(autocast_dtype)
+        self.autocast_dtype = acceleration_options.parse_autocast_dtype(autocast_dtype)
         self.activation_checkpointing = activation_checkpointing
         self.acceleration = acceleration_options.Acceleration.parse(acceleration)
 
@@ -288,9 +291,9 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
     def _check_memory_options(self) -> None:
         """Checks the budget and precision against the net (before training)."""
         net = self._preference_model.model
-        precision.check_supported(self.autocast_dtype, net.device)
+        acceleration_options.check_supported(self.autocast_dtype, net.device)
         if self.activation_checkpointing:
-            checkpointing.check_checkpointable(net)
+            acceleration_options.check_checkpointable(net)
         budget.check_holds_training_state(self.memory_budget, self.optim)
         self.acceleration.check_net(net, self.activation_checkpointing)
         budget.check_fits_device(self.memory_budget, net.device)
@@ -427,7 +430,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         The memory probe runs (once per input, device and optimizer) when a
         ``memory_budget`` is given or ``forward_size="auto"``.
         """
-        precision.check_supported(self.autocast_dtype, self._task.device)
+        acceleration_options.check_supported(self.autocast_dtype, self._task.device)
         forward_size: Optional[int] = None
         cap = None
         if self.forward_size != "auto":
