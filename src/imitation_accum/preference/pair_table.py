@@ -56,30 +56,16 @@ class PreferenceTable:
         self,
         indices: np.ndarray,
         side: int,
-        *,
-        with_fragments: bool = True,
     ) -> fragments.FragmentLayout:
-        """The ``side`` fragments (0: first, 1: second) of pairs ``indices``.
-
-        Without fragments (``fragments`` empty), the layout places transitions
-        but cannot gather them (a stored layout, which holds ids, always can).
-        """
-        return self._laid_out(indices, [side], with_fragments=with_fragments)
+        """The ``side`` fragments (0: first, 1: second) of pairs ``indices``."""
+        return self._laid_out(indices, [side])
 
     def _laid_out(
-        self,
-        indices: np.ndarray,
-        sides: List[int],
-        *,
-        with_fragments: bool = True,
+        self, indices: np.ndarray, sides: List[int]
     ) -> fragments.FragmentLayout:
         """Fragments ``sides`` of each pair ``indices`` end to end, pair by pair."""
         return fragments.FragmentLayout.from_arrays(
-            (
-                [self.pairs[i][side] for i in indices for side in sides]
-                if with_fragments
-                else ()
-            ),
+            [self.pairs[i][side] for i in indices for side in sides],
             self.lengths[indices][:, sides].reshape(-1),
             self.terminal[indices][:, sides].reshape(-1),
         )
@@ -156,13 +142,8 @@ class StoredPreferenceTable(PreferenceTable):
     """Per pair and side, the store's fragment index row, shape ``(n, 2, 6)``."""
 
     def _laid_out(
-        self,
-        indices: np.ndarray,
-        sides: List[int],
-        *,
-        with_fragments: bool = True,
+        self, indices: np.ndarray, sides: List[int]
     ) -> fragments.FragmentLayout:
-        del with_fragments  # a stored layout holds ids, not fragments
         rows = self.index[indices][:, sides].reshape(-1, 6)
         return StoredLayout.of_index(self.store, rows)
 

@@ -243,19 +243,10 @@ class PreferenceTask:
         self,
         table: pair_table.PreferenceTable,
         indices: np.ndarray,
-        *,
-        with_fragments: bool = True,
     ) -> PairChunk:
-        """Lays out pairs ``indices`` of ``table``; preferences go to the device.
-
-        Without fragments, the layouts only place transitions (calls then read
-        inputs converted beforehand).
-        """
-        layouts = tuple(
-            table.side_layout(indices, side, with_fragments=with_fragments)
-            for side in (0, 1)
-        )
-        discounts = tuple(self._discounts(layout) for layout in layouts)
+        """Lays out pairs ``indices`` of ``table``; preferences go to the device."""
+        layouts = tuple(table.side_layout(indices, side) for side in (0, 1))
+        discounts = tuple(self.discount_weights(layout) for layout in layouts)
         prefs = th.as_tensor(
             table.preferences[indices], dtype=th.float32, device=self.device
         )
@@ -283,7 +274,12 @@ class PreferenceTask:
             self._to_device(dones),
         )
 
-    def _discounts(self, layout: fragments.FragmentLayout) -> Optional[th.Tensor]:
+    def discount_weights(self, layout: fragments.FragmentLayout) -> Optional[th.Tensor]:
+        """Per transition of ``layout``, its discount weight, on the device.
+
+        Returns:
+            The weights, or ``None`` for a discount factor of 1.
+        """
         if self.discount_factor == 1:
             return None
         weights = layout.discount_weights(self.discount_factor)
@@ -543,8 +539,6 @@ def _ranges(chunk: Union[PairChunk, TransitionChunk]) -> staging.Ranges:
 class _Placement(NamedTuple):
     """Where a batch's transitions go, chunk by chunk (see ``_placement``)."""
 
-    layouts: Tuple[fragments.FragmentLayout, ...]
-    """Each side's fragments, laid end to end (without the fragments)."""
     side_sizes: List[List[int]]
     """Per side, the transitions of each chunk."""
     pair_counts: List[int]
@@ -587,7 +581,6 @@ class ConvertedBatches:
         self,
         table: pair_table.PreferenceTable,
         local: np.ndarray,
-        layouts: Sequence[fragments.FragmentLayout],
         side_sizes: Sequence[List[int]],
     ) -> List[List[NetInputs]]:
         """Each side's converted inputs of pairs ``local``, cut into chunks.
@@ -595,7 +588,6 @@ class ConvertedBatches:
         Args:
             table: The dataset.
             local: The pairs of the batch, in order.
-            layouts: Each side's fragments of ``local``, laid end to end.
             side_sizes: Per side, the transitions of each chunk.
 
         Returns:
@@ -603,6 +595,7 @@ class ConvertedBatches:
         """
         converted = self._table_inputs(table)
         if converted is None:
+            layouts = [table.side_layout(local, side) for side in (0, 1)]
             return [
                 _split_views(self.task.convert(layout, 0, layout.n_transitions), sizes)
                 for layout, sizes in zip(layouts, side_sizes)
@@ -667,9 +660,7 @@ class ConvertedBatches:
         small net costs more than its calls).
         """
         placement = self._placement(table, local, item_chunks)
-        inputs = self._chunk_inputs(
-            table, local, placement.layouts, placement.side_sizes
-        )
+        inputs = self._chunk_inputs(table, local, placement.side_sizes)
         preferences = th.as_tensor(
             table.preferences[local], dtype=th.float32, device=self.task.device
         )
@@ -709,35 +700,25 @@ class ConvertedBatches:
         placement = self._placements.get(key)
         if placement is not None:
             return placement
-        batch = self.task.make_chunk(table, local, with_fragments=False)
+        layouts = [_placed(table, local, side) for side in (0, 1)]
         side_sizes = [
             [
                 int(layout.offsets[stop] - layout.offsets[start])
                 for start, stop in bounds
             ]
-            for layout in batch.layouts
+            for layout in layouts
         ]
         discounts = [
             [None] * len(bounds) if weights is None else weights.split_with_sizes(sizes)
-            for weights, sizes in zip(batch.discounts, side_sizes)
+            for weights, sizes in zip(
+                (self.task.discount_weights(layout) for layout in layouts), side_sizes
+            )
         ]
         placement = _Placement(
-            layouts=batch.layouts,
             side_sizes=side_sizes,
             pair_counts=[stop - start for start, stop in bounds],
             chunk_layouts=[
-                (
-                    fragments.FragmentLayout.from_arrays(
-                        (),
-                        table.lengths[local[items], 0],
-                        table.terminal[local[items], 0],
-                    ),
-                    fragments.FragmentLayout.from_arrays(
-                        (),
-                        table.lengths[local[items], 1],
-                        table.terminal[local[items], 1],
-                    ),
-                )
+                (_placed(table, local[items], 0), _placed(table, local[items], 1))
                 for items in item_chunks
             ],
             chunk_discounts=[
@@ -748,6 +729,21 @@ class ConvertedBatches:
             self._placements.clear()
         self._placements[key] = placement
         return placement
+
+
+def _placed(
+    table: pair_table.PreferenceTable,
+    pairs: np.ndarray,
+    side: int,
+) -> fragments.FragmentLayout:
+    """Where the ``side`` fragments of ``pairs`` lie end to end, without them.
+
+    It holds no fragment, so a cached placement serves every batch of the same
+    lengths and terminal flags; its calls read inputs converted beforehand.
+    """
+    return fragments.FragmentLayout.from_arrays(
+        (), table.lengths[pairs, side], table.terminal[pairs, side]
+    )
 
 
 def _split_views(inputs: NetInputs, sizes: List[int]) -> List[NetInputs]:
