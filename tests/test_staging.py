@@ -246,8 +246,8 @@ def test_batch_converted_once_splits_as_chunks_gathered_apart(rng, discount, var
     item_chunks = [slice(0, 2), slice(2, 6)]
     for _ in range(8):
         local = rng.permutation(len(table))[:6]
-        assert task.staged.applies(table, local)
-        staged = task.staged.chunks(table, local, item_chunks)
+        assert task.converted_batches.applies(table, local)
+        staged = task.converted_batches.chunks(table, local, item_chunks)
         for chunk, items in zip(staged, item_chunks):
             apart = task.make_chunk(table, local[items])
             assert th.equal(chunk.preferences, apart.preferences)
@@ -258,7 +258,7 @@ def test_batch_converted_once_splits_as_chunks_gathered_apart(rng, discount, var
                 np.testing.assert_array_equal(layout.dones, expected.dones)
                 assert layout.uniform_length == expected.uniform_length
                 gathered = task.convert(expected, 0, expected.n_transitions)
-                for got, want in zip(chunk.staged[side].inputs, gathered):
+                for got, want in zip(chunk.converted_inputs[side], gathered):
                     assert th.equal(got, want)
                 weights = chunk.discounts[side]
                 if discount == 1:

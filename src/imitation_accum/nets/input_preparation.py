@@ -110,14 +110,24 @@ class InputPreparer:
         forward_net: Optional[nn.Module] = None,
     ) -> None:
         self.net = net
-        self._owner = stock_preprocess_owner(net)
-        self.reads_next_state = self._owner is None or reads_next_state(
+        self._stock_net = stock_preprocess_owner(net)
+        self.reads_next_state = self._stock_net is None or reads_next_state(
             net if forward_net is None else forward_net,
         )
-        if self._owner is not None:
-            normalize = self._owner.normalize_images
-            self._convert_obs = converter(self._owner.observation_space, normalize)
-            self._convert_acts = converter(self._owner.action_space, normalize)
+        if self._stock_net is not None:
+            normalize = self._stock_net.normalize_images
+            self._convert_obs = converter(self._stock_net.observation_space, normalize)
+            self._convert_acts = converter(self._stock_net.action_space, normalize)
+
+    @property
+    def uses_stock_preprocess(self) -> bool:
+        """Whether the net runs imitation's stock ``RewardNet.preprocess``.
+
+        That conversion treats each transition on its own, so converting a slice
+        of transitions equals slicing their conversion; a net's own
+        ``preprocess`` promises no such thing.
+        """
+        return self._stock_net is not None
 
     def __call__(
         self,
@@ -138,7 +148,7 @@ class InputPreparer:
         Returns:
             The converted tensors.
         """
-        if self._owner is None:
+        if self._stock_net is None:
             return self.net.preprocess(
                 obs,  # type: ignore[arg-type]
                 acts,  # type: ignore[arg-type]

@@ -50,29 +50,24 @@ class PreferenceTable:
 
     def layout(self, indices: np.ndarray) -> fragments.FragmentLayout:
         """The fragments of pairs ``indices`` laid end to end, ``[a0, b0, a1, ...]``."""
-        frags = [frag for i in indices for frag in self.pairs[i]]
-        return fragments.FragmentLayout.from_arrays(
-            frags,
-            self.lengths[indices].reshape(-1),
-            self.terminal[indices].reshape(-1),
-        )
+        return self._laid_out(indices, [0, 1])
 
     def side_layout(
         self,
         indices: np.ndarray,
         side: int,
-        *,
-        with_fragments: bool = True,
     ) -> fragments.FragmentLayout:
-        """The ``side`` fragments (0: first, 1: second) of pairs ``indices``.
+        """The ``side`` fragments (0: first, 1: second) of pairs ``indices``."""
+        return self._laid_out(indices, [side])
 
-        Without fragments (``fragments`` empty), the layout places transitions
-        but cannot gather them.
-        """
+    def _laid_out(
+        self, indices: np.ndarray, sides: List[int]
+    ) -> fragments.FragmentLayout:
+        """Fragments ``sides`` of each pair ``indices`` end to end, pair by pair."""
         return fragments.FragmentLayout.from_arrays(
-            [self.pairs[i][side] for i in indices] if with_fragments else (),
-            self.lengths[indices, side],
-            self.terminal[indices, side],
+            [self.pairs[i][side] for i in indices for side in sides],
+            self.lengths[indices][:, sides].reshape(-1),
+            self.terminal[indices][:, sides].reshape(-1),
         )
 
     def fragments(self, indices: Sequence[int]) -> List[types.Trajectory]:
@@ -106,16 +101,11 @@ class StoredLayout(fragments.FragmentLayout):
         """Lays out the fragments of ``index`` rows (``fragment_index``'s columns)."""
         lengths, terminal = index[:, 2], index[:, 3].astype(bool)
         base = fragments.FragmentLayout.from_arrays((), lengths, terminal)
-        positions = np.arange(base.n_transitions) - np.repeat(
-            base.offsets[:-1],
-            lengths,
-        )
+        positions = base.positions()
         return cls(
             (),
             base.offsets,
             base.dones,
-            base.lengths,
-            base.uniform_length,
             store,
             np.repeat(index[:, 0], lengths) + positions,
             np.repeat(index[:, 1], lengths) + positions,
@@ -151,20 +141,11 @@ class StoredPreferenceTable(PreferenceTable):
     index: np.ndarray
     """Per pair and side, the store's fragment index row, shape ``(n, 2, 6)``."""
 
-    def layout(self, indices: np.ndarray) -> fragments.FragmentLayout:
-        """The fragments of pairs ``indices`` laid end to end, ``[a0, b0, a1, ...]``."""
-        return StoredLayout.of_index(self.store, self.index[indices].reshape(-1, 6))
-
-    def side_layout(
-        self,
-        indices: np.ndarray,
-        side: int,
-        *,
-        with_fragments: bool = True,
+    def _laid_out(
+        self, indices: np.ndarray, sides: List[int]
     ) -> fragments.FragmentLayout:
-        """The ``side`` fragments (0: first, 1: second) of pairs ``indices``."""
-        del with_fragments  # a stored layout holds ids, not fragments
-        return StoredLayout.of_index(self.store, self.index[indices, side])
+        rows = self.index[indices][:, sides].reshape(-1, 6)
+        return StoredLayout.of_index(self.store, rows)
 
     def rewards(self) -> Optional[np.ndarray]:
         """Every transition's reward, fragments ``[a0, b0, a1, ...]`` end to end."""

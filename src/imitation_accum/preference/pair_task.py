@@ -1,24 +1,44 @@
 """The preference-comparison half of a step: pairs in, per-pair losses out.
 
-A chunk holds consecutive fragment pairs of a batch. The first fragments of its
-pairs are laid end to end, and so are the second fragments (the two *sides*);
-the net is called on the sides in turn, ``forward_size`` transitions at a time:
-call ``k`` of the first side, then call ``k`` of the second (see
-:mod:`imitation_accum.planning.plan` for why: exact zeros). The per-transition
-rewards are summed (discounted from each fragment's first transition) into
-returns, and each pair's loss is imitation's: the binary cross-entropy between
-the preference and the Boltzmann-rational probability that the first fragment is
-preferred, with ``noise_prob`` and ``threshold`` as in imitation's
-``PreferenceModel``.
+A :class:`PairChunk` holds consecutive fragment pairs of a batch. The first
+fragments of its pairs are laid end to end, and so are the second fragments (the
+two *sides*); the net is called on the sides in turn, ``forward_size``
+transitions at a time: call ``k`` of the first side, then call ``k`` of the
+second (see :mod:`imitation_accum.planning.plan` for why: exact zeros). The
+per-transition rewards are summed (discounted from each fragment's first
+transition) into returns, and each pair's loss is imitation's: the binary
+cross-entropy between the preference and the Boltzmann-rational probability that
+the first fragment is preferred, with ``noise_prob`` and ``threshold`` as in
+imitation's ``PreferenceModel``.
 
 When one pair does not fit in memory, each side of the batch is laid end to end
 once and cut into :class:`TransitionChunk` ranges that may split fragments (a
 two-pass plan), the sides' ranges in turn; the engine then runs its two-pass
 method: a chunk contributes each of its fragments' discounted partial return,
 with discount weights counted from the fragment's own first transition.
+:func:`make_chunks` cuts a batch as the planner's plan says.
+
+For a net whose converted inputs are small (an MLP's), gathering and converting
+them per call would cost more than the call (:class:`ConvertedBatches`). When the
+whole dataset's converted inputs are small they are converted once per
+``train()`` call, the first fragments' transitions then the second's; each step
+gathers its batch's rows with one index and splits them into its chunks' views,
+one operation per tensor. Where each chunk's transitions go (its layouts and
+discount weights) depends only on the pairs' lengths and terminal flags and on
+the chunks' bounds, so it is cached: batches of equal-length fragments share one.
 """
 
-from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+import dataclasses
+from typing import (
+    Dict,
+    Hashable,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import numpy as np
 import torch as th
@@ -30,17 +50,148 @@ from torch.nn import functional as F  # noqa: N812
 from imitation_accum.engine import staging
 from imitation_accum.engine.accumulator import ChunkLoss
 from imitation_accum.nets import input_preparation
-from imitation_accum.preference import fragments, pair_table, staged_batch
-from imitation_accum.preference.pair_chunks import (
-    PairChunk,
-    TransitionChunk,
-)
-from imitation_accum.preference.pair_loss import (
-    preference_losses,
-    probability_first_preferred,
-)
+from imitation_accum.nets.input_preparation import NetInputs
+from imitation_accum.planning.plan import StepPlan
+from imitation_accum.preference import fragments, pair_table
 
-Inputs = Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]
+#: A one-pass batch whose converted reward-net inputs take at most this many
+#: bytes is gathered and converted once per step, its chunks' calls slicing it
+#: (small inputs, such as an MLP's: per-call gathering would cost more than
+#: the call).
+CONVERTED_BATCH_BYTES = 4 * 2**20
+#: A dataset whose converted inputs take at most this many bytes is converted
+#: once per ``train()`` call; each step then indexes the rows of its batch.
+CONVERTED_TABLE_BYTES = 16 * 2**20
+
+#: Chunk placements kept (see ``ConvertedBatches._placement``): batches of
+#: equal-length fragments share one.
+PLACEMENTS_CACHED = 64
+
+
+def probability_first_preferred(
+    returns_a: th.Tensor,
+    returns_b: th.Tensor,
+    noise_prob: float,
+    threshold: float,
+) -> th.Tensor:
+    """Imitation's ``PreferenceModel.probability``, vectorized over pairs.
+
+    Args:
+        returns_a: Returns of the first fragments.
+        returns_b: Returns of the second fragments.
+        noise_prob: Probability that a preference is uniformly random.
+        threshold: Return differences are clipped to ``[-threshold, threshold]``.
+
+    Returns:
+        Probability that each first fragment is preferred.
+    """
+    returns_diff = th.clamp(returns_b - returns_a, -threshold, threshold)
+    # sigmoid(-d) is imitation's 1 / (1 + exp(d)) in one kernel.
+    model_probability = th.sigmoid(-returns_diff)
+    if noise_prob == 0:
+        return model_probability
+    return noise_prob * 0.5 + (1 - noise_prob) * model_probability
+
+
+def preference_losses(
+    returns_a: th.Tensor,
+    returns_b: th.Tensor,
+    preferences: th.Tensor,
+    noise_prob: float,
+    threshold: float,
+) -> Tuple[th.Tensor, th.Tensor]:
+    """Per-pair cross-entropy of imitation's preference model.
+
+    The binary cross-entropy between ``preferences`` and
+    :func:`probability_first_preferred`. Without noise it is computed from the
+    logit, which is stable where the probability rounds to 0 or 1; with noise the
+    probability stays within ``[noise_prob / 2, 1 - noise_prob / 2]``. Unlike
+    ``F.binary_cross_entropy``, a non-finite return gives a non-finite loss
+    rather than an exception, so the engine can discard the step.
+
+    Args:
+        returns_a: Returns of the first fragments.
+        returns_b: Returns of the second fragments.
+        preferences: Probability that each first fragment is preferred.
+        noise_prob: Probability that a preference is uniformly random.
+        threshold: Return differences are clipped to ``[-threshold, threshold]``.
+
+    Returns:
+        The per-pair losses and the (detached) predicted probabilities.
+    """
+    if noise_prob == 0:
+        # The logit of the first fragment being preferred: -clip(R_b - R_a).
+        logits = th.clamp(returns_a - returns_b, -threshold, threshold)
+        losses = F.binary_cross_entropy_with_logits(
+            logits,
+            preferences,
+            reduction="none",
+        )
+        return losses, th.sigmoid(logits.detach())
+    probs = probability_first_preferred(returns_a, returns_b, noise_prob, threshold)
+    losses = -(preferences * th.log(probs) + (1 - preferences) * th.log1p(-probs))
+    return losses, probs.detach()
+
+
+@dataclasses.dataclass
+class PairChunk:
+    """Consecutive fragment pairs of a batch, ready for the reward net."""
+
+    layouts: Tuple[fragments.FragmentLayout, fragments.FragmentLayout]
+    """Fragments ``[a0, a1, ...]`` and ``[b0, b1, ...]``, each laid end to end."""
+    preferences: th.Tensor
+    """Probability that fragment ``a_i`` is preferred, on the net's device."""
+    prefers_first: th.Tensor
+    """Whether ``a_i`` is the preferred one (preference above 0.5)."""
+    discounts: Tuple[Optional[th.Tensor], Optional[th.Tensor]]
+    """Per-transition discount weights of each side (``None`` for a discount of 1)."""
+    converted_inputs: Optional[Tuple[NetInputs, NetInputs]] = None
+    """Each side's net inputs ``(state, action, next_state, done)``, one row per
+    transition: views of the batch's, converted once (``None``: each call
+    converts its own)."""
+
+    @property
+    def n_pairs(self) -> int:
+        """Pairs in the chunk."""
+        return len(self.preferences)
+
+
+@dataclasses.dataclass
+class TransitionChunk:
+    """Transitions ``[start, stop)`` of one side of a whole batch (two-pass)."""
+
+    batch: PairChunk
+    """Every pair of the batch (this process's share of it), laid out."""
+    side: int
+    """0: the first fragments, 1: the second."""
+    start: int
+    stop: int
+
+    @property
+    def n_transitions(self) -> int:
+        """Transitions in the chunk."""
+        return self.stop - self.start
+
+
+class SideRewards(NamedTuple):
+    """A pair chunk's per-transition rewards, each side's on its own.
+
+    Kept apart rather than concatenated: the returns sum each side, so a
+    concatenation would only be sliced again, two more nodes for the backward.
+    """
+
+    first: th.Tensor
+    second: th.Tensor
+
+    def float(self) -> "SideRewards":
+        """Both sides as float32 (the engine's cast of autocast outputs)."""
+        if self.first.dtype == self.second.dtype == th.float32:
+            return self
+        return SideRewards(self.first.float(), self.second.float())
+
+
+def _joined(calls: List[th.Tensor]) -> th.Tensor:
+    return calls[0] if len(calls) == 1 else th.cat(calls)
 
 
 class PreferenceTask:
@@ -78,8 +229,8 @@ class PreferenceTask:
         self.device = net.device
         self.inputs = input_preparation.InputPreparer(net)
         self.stager = stager
-        self.staged = staged_batch.StagedBatches(self)
-        """Batches of small inputs, converted once (see its module)."""
+        self.converted_batches = ConvertedBatches(self)
+        """Batches of small inputs, converted once."""
 
     def refresh_device(self) -> None:
         """Re-reads the net's device (looked up once per step, not per call)."""
@@ -92,19 +243,10 @@ class PreferenceTask:
         self,
         table: pair_table.PreferenceTable,
         indices: np.ndarray,
-        *,
-        with_fragments: bool = True,
     ) -> PairChunk:
-        """Lays out pairs ``indices`` of ``table``; preferences go to the device.
-
-        Without fragments, the layouts only place transitions (calls then read
-        inputs converted beforehand).
-        """
-        layouts = tuple(
-            table.side_layout(indices, side, with_fragments=with_fragments)
-            for side in (0, 1)
-        )
-        discounts = tuple(self._discounts(layout) for layout in layouts)
+        """Lays out pairs ``indices`` of ``table``; preferences go to the device."""
+        layouts = tuple(table.side_layout(indices, side) for side in (0, 1))
+        discounts = tuple(self.discount_weights(layout) for layout in layouts)
         prefs = th.as_tensor(
             table.preferences[indices], dtype=th.float32, device=self.device
         )
@@ -115,7 +257,7 @@ class PreferenceTask:
         layout: staging.RowSource,
         start: int,
         stop: int,
-    ) -> Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
+    ) -> NetInputs:
         """The net's converted inputs of transitions ``[start, stop)`` of ``layout``.
 
         Frames travel to the device as stored (uint8) and are converted there.
@@ -132,7 +274,12 @@ class PreferenceTask:
             self._to_device(dones),
         )
 
-    def _discounts(self, layout: fragments.FragmentLayout) -> Optional[th.Tensor]:
+    def discount_weights(self, layout: fragments.FragmentLayout) -> Optional[th.Tensor]:
+        """Per transition of ``layout``, its discount weight, on the device.
+
+        Returns:
+            The weights, or ``None`` for a discount factor of 1.
+        """
         if self.discount_factor == 1:
             return None
         weights = layout.discount_weights(self.discount_factor)
@@ -161,7 +308,7 @@ class PreferenceTask:
 
     def run(
         self,
-        inputs: Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor],
+        inputs: NetInputs,
         start: int,
         stop: int,
         module: Optional[th.nn.Module] = None,
@@ -193,7 +340,7 @@ class PreferenceTask:
         self,
         chunk: Union[PairChunk, TransitionChunk],
         forward_size: int,
-    ) -> Union[th.Tensor, "SideRewards"]:
+    ) -> Union[th.Tensor, SideRewards]:
         """Per-transition rewards of ``chunk``, each side apart (:class:`SideRewards`).
 
         The sides are called in turn, ``forward_size`` transitions at a time (a
@@ -201,8 +348,8 @@ class PreferenceTask:
         """
         if isinstance(chunk, TransitionChunk):
             layout = chunk.batch.layouts[chunk.side]
-            staged = self.stager.fetch(chunk)[0] if self.stager else layout
-            return self.call(staged, chunk.start, chunk.stop)
+            rows = self.stager.fetch(chunk)[0] if self.stager else layout
+            return self.call(rows, chunk.start, chunk.stop)
         outputs: Tuple[List[th.Tensor], List[th.Tensor]] = ([], [])
         sources: Sequence[staging.RowSource] = (
             self.stager.fetch(chunk) if self.stager else chunk.layouts
@@ -221,20 +368,20 @@ class PreferenceTask:
         self,
         chunk: PairChunk,
         side: int,
-        source: "staging.RowSource",
+        source: staging.RowSource,
         start: int,
         stop: int,
         side_transitions: int,
     ):
-        if chunk.staged is None:
+        if chunk.converted_inputs is None:
             return self.call(source, start, stop)
-        inputs = chunk.staged[side].inputs
+        inputs = chunk.converted_inputs[side]
         if start or stop < side_transitions:  # a call over part of the side
             inputs = tuple(tensor[start:stop] for tensor in inputs)  # type: ignore
         return self.run(inputs, start, stop)
 
     def returns(
-        self, chunk: PairChunk, rewards: "SideRewards"
+        self, chunk: PairChunk, rewards: SideRewards
     ) -> Tuple[th.Tensor, th.Tensor]:
         """Each fragment's discounted return: the first fragments', the second's."""
         sides = (rewards.first, rewards.second)
@@ -247,7 +394,7 @@ class PreferenceTask:
             returns.append(layout.segment_sums(side_rewards))
         return returns[0], returns[1]
 
-    def loss(self, chunk: PairChunk, outputs: "SideRewards") -> ChunkLoss:
+    def loss(self, chunk: PairChunk, outputs: SideRewards) -> ChunkLoss:
         """Per-pair cross-entropy losses and correct-prediction counts."""
         return self._loss_of_returns(chunk, *self.returns(chunk, outputs))
 
@@ -332,27 +479,6 @@ class PreferenceTask:
         return losses.numpy()
 
 
-class SideRewards(NamedTuple):
-    """A pair chunk's per-transition rewards, each side's on its own.
-
-    Kept apart rather than concatenated: the returns sum each side, so a
-    concatenation would only be sliced again, two more nodes for the backward.
-    """
-
-    first: th.Tensor
-    second: th.Tensor
-
-    def float(self) -> "SideRewards":
-        """Both sides as float32 (the engine's cast of autocast outputs)."""
-        if self.first.dtype == self.second.dtype == th.float32:
-            return self
-        return SideRewards(self.first.float(), self.second.float())
-
-
-def _joined(calls: List[th.Tensor]) -> th.Tensor:
-    return calls[0] if len(calls) == 1 else th.cat(calls)
-
-
 def task_for(
     preference_model: preference_comparisons.PreferenceModel,
     stager: Optional[staging.RangeStager] = None,
@@ -365,3 +491,279 @@ def task_for(
         threshold=preference_model.threshold,
         stager=stager,
     )
+
+
+def make_chunks(
+    task: PreferenceTask,
+    table: pair_table.PreferenceTable,
+    local: np.ndarray,
+    plan: StepPlan,
+) -> List[Union[PairChunk, TransitionChunk]]:
+    """The chunks of pairs ``local`` of ``table`` that ``plan`` lays out.
+
+    Args:
+        task: Lays pairs out for the reward net.
+        table: The dataset.
+        local: The pairs of the batch (this process's share), in order.
+        plan: The planner's plan for them.
+
+    Returns:
+        Chunks of whole pairs (one pass) or of transition ranges (two passes).
+    """
+    if not len(local):
+        return []
+    chunks: List[Union[PairChunk, TransitionChunk]]
+    if plan.two_pass:
+        batch = task.make_chunk(table, local)
+        chunks = [
+            TransitionChunk(batch, side, start, stop)
+            for side, start, stop in plan.transition_chunks
+        ]
+    elif task.stager is None and task.converted_batches.applies(table, local):
+        # Converted once for the batch, already on the device: nothing to stage.
+        return list(task.converted_batches.chunks(table, local, plan.item_chunks))
+    else:
+        chunks = [task.make_chunk(table, local[s]) for s in plan.item_chunks]
+    if task.stager is not None:  # inputs move a chunk ahead (engine.staging)
+        next_obs = task.inputs.reads_next_state
+        task.stager.schedule(chunks, _ranges, task.device, next_obs=next_obs)
+    return chunks
+
+
+def _ranges(chunk: Union[PairChunk, TransitionChunk]) -> staging.Ranges:
+    if isinstance(chunk, TransitionChunk):
+        return [(chunk.batch.layouts[chunk.side], chunk.start, chunk.stop)]
+    return [(layout, 0, layout.n_transitions) for layout in chunk.layouts]
+
+
+class _Placement(NamedTuple):
+    """Where a batch's transitions go, chunk by chunk (see ``_placement``)."""
+
+    side_sizes: List[List[int]]
+    """Per side, the transitions of each chunk."""
+    pair_counts: List[int]
+    """Pairs per chunk."""
+    chunk_layouts: List[Tuple[fragments.FragmentLayout, fragments.FragmentLayout]]
+    chunk_discounts: List[Tuple[Optional[th.Tensor], Optional[th.Tensor]]]
+
+
+class ConvertedBatches:
+    """The converted inputs of a task's batches, and their chunks.
+
+    Args:
+        task: Converts inputs and lays pairs out for the reward net.
+    """
+
+    def __init__(self, task: PreferenceTask) -> None:
+        self.task = task
+        self._converted_table: Optional[tuple] = None
+        self._placements: Dict[Hashable, _Placement] = {}
+
+    def applies(self, table: pair_table.PreferenceTable, local: np.ndarray) -> bool:
+        """Whether the inputs of pairs ``local`` are converted once for the batch.
+
+        Only for the net's stock ``preprocess`` (row by row, so that slicing its
+        output equals converting the slice) and inputs of at most
+        :data:`CONVERTED_BATCH_BYTES`.
+        """
+        if not self.task.inputs.uses_stock_preprocess or not len(local):
+            return False
+        n_transitions = int(table.lengths[local].sum())
+        return n_transitions * self._input_bytes(table) <= CONVERTED_BATCH_BYTES
+
+    def _input_bytes(self, table: pair_table.PreferenceTable) -> int:
+        """Bytes of one transition's converted inputs (float32 observations)."""
+        frame: np.ndarray = table.pairs[0][0].obs  # type: ignore[assignment]
+        width = int(np.prod(frame.shape[1:])) * 4
+        return width * (2 if self.task.inputs.reads_next_state else 1)
+
+    def _chunk_inputs(
+        self,
+        table: pair_table.PreferenceTable,
+        local: np.ndarray,
+        side_sizes: Sequence[List[int]],
+    ) -> List[List[NetInputs]]:
+        """Each side's converted inputs of pairs ``local``, cut into chunks.
+
+        Args:
+            table: The dataset.
+            local: The pairs of the batch, in order.
+            side_sizes: Per side, the transitions of each chunk.
+
+        Returns:
+            Per side, per chunk, views of the inputs in layout order.
+        """
+        converted = self._table_inputs(table)
+        if converted is None:
+            layouts = [table.side_layout(local, side) for side in (0, 1)]
+            return [
+                _split_views(self.task.convert(layout, 0, layout.n_transitions), sizes)
+                for layout, sizes in zip(layouts, side_sizes)
+            ]
+        # Both sides in one gather and one split per tensor.
+        table_inputs, offsets = converted
+        rows = np.concatenate(
+            [
+                _transition_rows(offsets[side], local, table.lengths[local, side])
+                for side in (0, 1)
+            ]
+        )
+        index = th.as_tensor(rows, device=self.task.device)
+        picked: Dict[int, th.Tensor] = {}  # next_state may be state itself
+        for tensor in table_inputs:
+            if id(tensor) not in picked:
+                picked[id(tensor)] = tensor.index_select(0, index)
+        gathered = tuple(picked[id(tensor)] for tensor in table_inputs)
+        views = _split_views(gathered, [*side_sizes[0], *side_sizes[1]])  # type: ignore[arg-type]
+        n_chunks = len(side_sizes[0])
+        return [views[:n_chunks], views[n_chunks:]]
+
+    def _table_inputs(
+        self,
+        table: pair_table.PreferenceTable,
+    ) -> Optional[Tuple[NetInputs, Tuple[np.ndarray, np.ndarray]]]:
+        """The whole dataset's converted inputs, if small; cached.
+
+        The first fragments' transitions come first, then the second
+        fragments'; also returned: each side's fragment offsets in those rows.
+        """
+        cached = self._converted_table
+        if cached is not None and cached[0] is table and cached[1] == self.task.device:
+            return cached[2]
+        if table.lengths.sum() * self._input_bytes(table) > CONVERTED_TABLE_BYTES:
+            return None
+        every = np.arange(len(table))
+        first, second = (table.side_layout(every, side) for side in (0, 1))
+        sides = [
+            self.task.convert(layout, 0, layout.n_transitions)
+            for layout in (first, second)
+        ]
+        joined: Dict[Tuple[int, int], th.Tensor] = {}  # next_state may be state
+        for a, b in zip(*sides):
+            if (id(a), id(b)) not in joined:
+                joined[id(a), id(b)] = th.cat([a, b])
+        inputs = tuple(joined[id(a), id(b)] for a, b in zip(*sides))
+        offsets = (first.offsets, second.offsets + first.n_transitions)
+        self._converted_table = (table, self.task.device, (inputs, offsets))
+        return inputs, offsets  # type: ignore[return-value]
+
+    def chunks(
+        self,
+        table: pair_table.PreferenceTable,
+        local: np.ndarray,
+        item_chunks: Sequence[slice],
+    ) -> List[PairChunk]:
+        """Chunks of pairs ``local`` whose calls read inputs converted once.
+
+        The batch's inputs and preferences are gathered once and split into the
+        chunks' views in one operation per tensor (the per-step bookkeeping of a
+        small net costs more than its calls).
+        """
+        placement = self._placement(table, local, item_chunks)
+        inputs = self._chunk_inputs(table, local, placement.side_sizes)
+        preferences = th.as_tensor(
+            table.preferences[local], dtype=th.float32, device=self.task.device
+        )
+        prefers_first = (preferences > 0.5).split_with_sizes(placement.pair_counts)
+        per_chunk = preferences.split_with_sizes(placement.pair_counts)
+        return [
+            PairChunk(
+                layouts,
+                per_chunk[k],
+                prefers_first[k],
+                discounts,
+                (inputs[0][k], inputs[1][k]),
+            )
+            for k, (layouts, discounts) in enumerate(
+                zip(placement.chunk_layouts, placement.chunk_discounts)
+            )
+        ]
+
+    def _placement(
+        self,
+        table: pair_table.PreferenceTable,
+        local: np.ndarray,
+        item_chunks: Sequence[slice],
+    ) -> _Placement:
+        """Where the transitions of pairs ``local`` go, chunk by chunk; cached.
+
+        It depends only on the pairs' lengths and terminal flags and on the
+        chunks' bounds, which repeat from step to step.
+        """
+        bounds = tuple((items.start, items.stop) for items in item_chunks)
+        key = (
+            table.lengths[local].tobytes(),
+            table.terminal[local].tobytes(),
+            bounds,
+            self.task.device,
+        )
+        placement = self._placements.get(key)
+        if placement is not None:
+            return placement
+        layouts = [_placed(table, local, side) for side in (0, 1)]
+        side_sizes = [
+            [
+                int(layout.offsets[stop] - layout.offsets[start])
+                for start, stop in bounds
+            ]
+            for layout in layouts
+        ]
+        discounts = [
+            [None] * len(bounds) if weights is None else weights.split_with_sizes(sizes)
+            for weights, sizes in zip(
+                (self.task.discount_weights(layout) for layout in layouts), side_sizes
+            )
+        ]
+        placement = _Placement(
+            side_sizes=side_sizes,
+            pair_counts=[stop - start for start, stop in bounds],
+            chunk_layouts=[
+                (_placed(table, local[items], 0), _placed(table, local[items], 1))
+                for items in item_chunks
+            ],
+            chunk_discounts=[
+                (discounts[0][k], discounts[1][k]) for k in range(len(bounds))
+            ],
+        )
+        if len(self._placements) >= PLACEMENTS_CACHED:
+            self._placements.clear()
+        self._placements[key] = placement
+        return placement
+
+
+def _placed(
+    table: pair_table.PreferenceTable,
+    pairs: np.ndarray,
+    side: int,
+) -> fragments.FragmentLayout:
+    """Where the ``side`` fragments of ``pairs`` lie end to end, without them.
+
+    It holds no fragment, so a cached placement serves every batch of the same
+    lengths and terminal flags; its calls read inputs converted beforehand.
+    """
+    return fragments.FragmentLayout.from_arrays(
+        (), table.lengths[pairs, side], table.terminal[pairs, side]
+    )
+
+
+def _split_views(inputs: NetInputs, sizes: List[int]) -> List[NetInputs]:
+    """``inputs`` cut into consecutive row ranges of ``sizes``, as views."""
+    splits: Dict[int, Sequence[th.Tensor]] = {}  # next_state may be state itself
+    for tensor in inputs:
+        if id(tensor) not in splits:
+            splits[id(tensor)] = tensor.split_with_sizes(sizes)
+    return [
+        tuple(splits[id(tensor)][k] for tensor in inputs)  # type: ignore[misc]
+        for k in range(len(sizes))
+    ]
+
+
+def _transition_rows(
+    offsets: np.ndarray,
+    items: np.ndarray,
+    lengths: np.ndarray,
+) -> np.ndarray:
+    """Rows of fragments ``items`` (of ``lengths``) in a layout with ``offsets``."""
+    starts = offsets[items]
+    before = np.cumsum(lengths) - lengths
+    return np.arange(int(lengths.sum())) + np.repeat(starts - before, lengths)

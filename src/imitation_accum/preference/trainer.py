@@ -8,13 +8,19 @@ contract. One step runs ``sampler -> policy -> plan -> chunks -> engine``: each
 ``minibatch_size``, ``max_grad_norm``, ``optim``, ... takes effect at the next
 ``train()``, as in imitation), the batch's pairs are planned
 (:func:`~imitation_accum.planning.plan.plan_step`), laid out as the plan says
-(:func:`~imitation_accum.preference.pair_chunks.make_chunks`) and stepped by the
+(:func:`~imitation_accum.preference.pair_task.make_chunks`) and stepped by the
 engine with the plan as its argument.
+
+Batches are drawn from the trainer's own ``numpy`` generator, a fresh permutation
+per epoch (``B1 B2 B3 B1' B2' B3'``); their composition and order never depend on
+``minibatch_size`` (the split into minibatches happens inside a batch) nor on
+torch's global RNG. What a step logs are full-batch figures under imitation's keys.
 """
 
 import copy
+import re
 import time
-from typing import Any, Dict, Hashable, List, Mapping, Optional, Type, Union
+from typing import Any, Dict, Hashable, List, Mapping, Optional, Tuple, Type, Union
 
 import numpy as np
 import torch as th
@@ -34,14 +40,7 @@ from imitation_accum.engine.accumulator import (
 )
 from imitation_accum.planning import budget, probe
 from imitation_accum.planning.plan import StepPlan, StepPolicy, run_step
-from imitation_accum.preference import (
-    arguments,
-    pair_chunks,
-    pair_table,
-    pair_task,
-    records,
-    sampling,
-)
+from imitation_accum.preference import arguments, pair_table, pair_task
 
 
 class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
@@ -345,14 +344,12 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         train_idx, val_idx = np.arange(len(table)), None
         if self.requires_regularizer_update:
             assert self.regularizer is not None and self.regularizer.val_split
-            train_idx, val_idx = sampling.split_validation(
+            train_idx, val_idx = _split_validation(
                 self.rng,
                 len(table),
                 self.regularizer.val_split,
             )
-        steps_per_epoch = sampling.n_batches(
-            len(train_idx), self.batch_size, self.drop_last
-        )
+        steps_per_epoch = _n_batches(len(train_idx), self.batch_size, self.drop_last)
         self._task.refresh_device()
         self._gt_losses = self._task.ground_truth_losses(table)
         self.step_policy = self._step_policy(table)
@@ -367,7 +364,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             for epoch_num in range(epochs):
                 if epoch_num:
                     rng_before_epoch = copy.deepcopy(self.rng.bit_generator.state)
-                batches = sampling.epoch_batches(
+                batches = _epoch_batches(
                     self.rng, train_idx, self.batch_size, self.drop_last
                 )
                 epoch_loss_sum, epoch_items = 0.0, 0
@@ -390,13 +387,13 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                         progress.update()
                         if time.perf_counter() - last_postfix > 0.5:
                             last_postfix = time.perf_counter()
-                            progress.set_postfix(records.postfix(result), refresh=False)
+                            progress.set_postfix(_postfix(result), refresh=False)
                     if val_idx is not None:
                         train_loss = epoch_loss_sum / epoch_items
                         self._update_regularizer(table, val_idx, train_loss)
                 if self.progress_bar:  # the bar's companion: a line per epoch
                     self.logger.log(
-                        records.epoch_line(
+                        _epoch_line(
                             epoch_num,
                             epochs,
                             epoch_loss_sum,
@@ -406,8 +403,8 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                         )
                     )
             # Postfixes are throttled; the last refresh shows the last step.
-            progress.set_postfix(records.postfix(result), refresh=True)
-        records.record_final_values(self.logger, epoch_num)
+            progress.set_postfix(_postfix(result), refresh=True)
+        _record_final_values(self.logger, epoch_num)
 
     def _check_settings(self) -> None:
         """Checks the settings a ``train()`` reads, as the constructor does."""
@@ -531,7 +528,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         assert policy is not None  # built by train() and evaluate()
 
         def step(plan: StepPlan) -> Any:
-            chunks = pair_chunks.make_chunks(self._task, table, local, plan)
+            chunks = pair_task.make_chunks(self._task, table, local, plan)
             run = engine.evaluate if evaluation else engine.step
             return run(self._task, chunks, plan=plan, n_items=len(indices))
 
@@ -556,11 +553,11 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
     ) -> StepResult:
         plan, result = self._run(table, batch, evaluation=False)
         self.n_skipped_steps += int(result.skipped)
-        records.record_step(
+        _record_step(
             self.logger,
             result,
             plan,
-            gt_loss=records.mean_of(self._gt_losses, batch),
+            gt_loss=_mean_of(self._gt_losses, batch),
             profile=self.memory_profile if self.memory_budget is not None else None,
             skipped_steps=self.n_skipped_steps,
             # Per-epoch figures go to files and TensorBoard; the printed table
@@ -614,3 +611,197 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             self.logger.record("loss", val.loss)
             self.logger.record("accuracy", val.metrics["accuracy"])
         self.regularizer.update_params(train_loss, val.loss)
+
+
+# Which pairs form each batch.
+
+
+def _epoch_batches(
+    rng: np.random.Generator,
+    indices: np.ndarray,
+    batch_size: int,
+    drop_last: bool = False,
+) -> List[np.ndarray]:
+    """One epoch's batches over ``indices``, freshly shuffled.
+
+    Args:
+        rng: Source of the permutation.
+        indices: Dataset indices to draw from.
+        batch_size: Items per batch.
+        drop_last: Whether to drop the last batch if it is partial.
+
+    Returns:
+        Index arrays, one per batch.
+    """
+    order = rng.permutation(indices)
+    batches = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+    if drop_last and batches and len(batches[-1]) < batch_size:
+        batches.pop()
+    return batches
+
+
+def _n_batches(n_items: int, batch_size: int, drop_last: bool) -> int:
+    """Batches per epoch over ``n_items``.
+
+    Raises:
+        ValueError: if ``drop_last`` leaves no batch.
+    """
+    steps = n_items // batch_size
+    if not drop_last and n_items % batch_size:
+        steps += 1
+    if steps == 0:
+        raise ValueError(
+            f"drop_last=True with {n_items} training comparisons and "
+            f"batch_size={batch_size}: no batch to train on",
+        )
+    return steps
+
+
+def _split_validation(
+    rng: np.random.Generator,
+    n_items: int,
+    val_fraction: float,
+) -> "tuple[np.ndarray, np.ndarray]":
+    """Splits ``range(n_items)`` into training and validation indices.
+
+    The validation share is ``int(n_items * val_fraction)``, as in imitation.
+
+    Args:
+        rng: Source of the split.
+        n_items: Items in the dataset.
+        val_fraction: Fraction held out for validation.
+
+    Returns:
+        ``(train_indices, val_indices)``.
+
+    Raises:
+        ValueError: if either part would be empty.
+    """
+    n_val = int(n_items * val_fraction)
+    if n_val < 1 or n_items - n_val < 1:
+        # imitation's message first: code that matches on it keeps working.
+        raise ValueError(
+            "Not enough data samples to split into training and validation: "
+            f"cannot split {n_items} comparisons with val_split={val_fraction}: "
+            "both the training and the validation part need at least one "
+            "comparison. Gather more preferences (initial_comparison_frac in "
+            "PreferenceComparisons) or change the regularizer's val_split.",
+        )
+    order = rng.permutation(n_items)
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+# What a step logs.
+
+
+def _record_step(
+    logger: imit_logger.HierarchicalLogger,
+    result: StepResult,
+    plan: StepPlan,
+    *,
+    gt_loss: Optional[float],
+    profile: Optional[probe.ActivationProfile],
+    skipped_steps: int,
+    exclude: Optional[Tuple[str, ...]] = None,
+) -> None:
+    """Records one step's figures (under the caller's key prefix).
+
+    Args:
+        logger: Where to record.
+        result: The step's full-batch figures.
+        plan: The plan the step ran.
+        gt_loss: The batch's mean ground-truth loss, if the data has rewards.
+        profile: The memory probe's profile, if a budget was given.
+        skipped_steps: float16 steps skipped for overflow so far.
+        exclude: Output formats to leave the figures out of (``("stdout",
+            "log")``: files and TensorBoard only).
+    """
+
+    def record(key: str, value: float) -> None:
+        logger.record(key, value, exclude)
+
+    record("loss", result.loss)
+    record("accuracy", result.metrics["accuracy"])
+    if gt_loss is not None:
+        record("gt_reward_loss", gt_loss)
+    record("grad_norm", result.grad_norm)
+    record("pairs_per_second", result.n_items / result.seconds)
+    record("minibatches_per_step", result.n_minibatches)
+    record("peak_memory_mib", result.peak_memory_bytes / 2**20)
+    record("forward_size", plan.forward_size)
+    record("two_pass", float(result.two_pass))
+    record("chunk_transitions", plan.largest_chunk)
+    if profile is not None and plan.largest_chunk:
+        estimate = profile.chunk_bytes(plan.largest_chunk, plan.forward_size)
+        record("memory_estimate_mib", estimate / 2**20)
+    if result.loss_scale is not None:
+        record("amp_loss_scale", result.loss_scale)
+        record("amp_skipped_steps", skipped_steps)
+
+
+def _mean_of(values: Optional[np.ndarray], batch: np.ndarray) -> Optional[float]:
+    """The mean of per-pair ``values`` over ``batch``, or ``None`` without values."""
+    if values is None:
+        return None
+    return float(values[batch].mean(dtype=np.float64))
+
+
+def _record_final_values(
+    logger: imit_logger.HierarchicalLogger, epoch_num: int
+) -> None:
+    """Records the last epoch's means again under ``reward/final/``.
+
+    Same keys as imitation's ``BasicRewardTrainer._train``, which has no hook
+    for this.
+
+    Args:
+        logger: The trainer's logger, inside its ``accumulate_means``.
+        epoch_num: The last epoch.
+    """
+    outer_prefix = logger.get_accumulate_prefixes()
+    base_path = f"{outer_prefix}reward/"
+    pattern = re.compile(rf"mean/{re.escape(base_path)}epoch-{epoch_num}/(.+)")
+    for key in list(logger.name_to_value.keys()):
+        if match := pattern.fullmatch(key):
+            value = logger.name_to_value[key]
+            logger.record(f"{base_path}final/{match.group(1)}", value)
+
+
+def _postfix(result: StepResult) -> Mapping[str, str]:
+    """The progress bar's figures of a step."""
+    return {
+        "loss": f"{result.loss:.4f}",
+        "acc": f"{result.metrics['accuracy']:.3f}",
+        "pairs/s": f"{result.n_items / result.seconds:.1f}",
+        "peak": f"{result.peak_memory_bytes / 2**20:.0f}MiB",
+    }
+
+
+def _epoch_line(
+    epoch_num: int,
+    epochs: int,
+    loss_sum: float,
+    accuracy_sum: float,
+    n_items: int,
+    seconds: float,
+) -> str:
+    """One compact line of an epoch's training figures (item-weighted means).
+
+    Args:
+        epoch_num: The epoch, counted from 0.
+        epochs: Epochs in this call of ``train``.
+        loss_sum: Sum over the epoch's steps of loss times pairs.
+        accuracy_sum: Sum over the epoch's steps of accuracy times pairs.
+        n_items: Pairs trained on in the epoch.
+        seconds: The epoch's steps' time.
+
+    Returns:
+        Such as ``reward model epoch 3/200: loss 0.6931, accuracy 0.500, 812
+        pairs/s``.
+    """
+    rate = n_items / seconds if seconds > 0 else float("inf")
+    return (
+        f"reward model epoch {epoch_num + 1}/{epochs}: loss "
+        f"{loss_sum / n_items:.4f}, accuracy {accuracy_sum / n_items:.3f}, "
+        f"{rate:.0f} pairs/s"
+    )
