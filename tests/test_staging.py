@@ -220,12 +220,18 @@ def test_cuda_transport_copies_through_pinned_buffers():
         assert nothing is None and int(frames.float().mean()) == k
 
 
+@pytest.mark.parametrize("whole_table", [True, False])
 @pytest.mark.parametrize("varying", ["lengths", "terminal"])
 @pytest.mark.parametrize("discount", [1.0, 0.9])
-def test_batch_converted_once_splits_as_chunks_gathered_apart(rng, discount, varying):
+def test_batch_converted_once_splits_as_chunks_gathered_apart(
+    rng, discount, varying, whole_table, monkeypatch
+):
     # Batches of one size drawn afresh, cut alike, whose pairs differ only in
     # lengths or only in terminal flags: a chunk placement cached for one batch
-    # must not serve another.
+    # must not serve another. Without the whole table converted once (a dataset
+    # too large for it), each batch is converted on its own.
+    if not whole_table:
+        monkeypatch.setattr(pair_task, "CONVERTED_TABLE_BYTES", 0)
     pairs = []
     for k in range(12):
         lengths = (3 + k % 4, 2 + k % 5) if varying == "lengths" else (4, 4)
