@@ -3,9 +3,9 @@
 For each configuration of ``bench_reward_trainer.py`` (``mlp``, ``cnn84-25``,
 ``cnn84-100``, ``cnn210``) the trainer trains the same data from the same initial
 net with ``forward_size="auto"`` (the default, derived from the memory probe) and
-with fixed sizes, in one process: every point warmed up once, then ``--repeats``
-rounds in which each point times one ``train()`` call (the order reversed every
-other round). The table gives each point's median seconds per epoch and the
+with fixed sizes (the largest is one call per side of a chunk), in one process:
+every point warmed up once, then ``--repeats`` rounds in which each point times
+one ``train()`` call (the order reversed every other round). The table gives each point's median seconds per epoch and the
 default's ratio to the fastest fixed size. ``--busy`` measures every
 configuration again with ``bench_reward_trainer.py``'s competing job (a
 matrix-multiply loop on every core) running; the trainer's intra-op threads are
@@ -42,10 +42,17 @@ from bench_reward_trainer import (
     write,
 )
 
-#: Fixed sizes timed against the default: per configuration kind. An MLP's calls
-#: cost their fixed overheads, so small ones are left out (calls of one
-#: transition would take minutes); its chunk's sides hold 800 transitions.
-FIXED_SIZES = {"mlp": (64, 256, 800), "cnn": (1, 2, 4, 8, 16, 32)}
+#: Fixed sizes timed against the default, per configuration kind, besides one
+#: call per side of a chunk. An MLP's calls cost their fixed overheads, so small
+#: ones are left out (calls of one transition would take minutes).
+FIXED_SIZES = {"mlp": (64, 256), "cnn": (2, 4, 8, 16, 32)}
+
+
+def fixed_sizes(config: str) -> list:
+    """The fixed sizes of ``config``: :data:`FIXED_SIZES` and a side's chunk."""
+    _, kind, _, length, _, minibatch_size = CONFIGS[config]
+    side = minibatch_size * length  # transitions of one side of a chunk
+    return sorted({*(s for s in FIXED_SIZES[kind] if s < side), side})
 
 
 def measure(config: str, repeats: int, epochs: int) -> dict:
@@ -54,7 +61,7 @@ def measure(config: str, repeats: int, epochs: int) -> dict:
     th.manual_seed(0)
     dataset = make_data(shape, n_pairs, length)
     initial = make_net(shape, kind)
-    sizes = ["auto", *FIXED_SIZES[kind]]
+    sizes = ["auto", *fixed_sizes(config)]
     trainers = {
         size: accum_trainer(
             copy.deepcopy(initial), batch_size, minibatch_size, forward_size=size
@@ -71,7 +78,7 @@ def measure(config: str, repeats: int, epochs: int) -> dict:
             train_epochs(trainers[size], dataset, epochs)
             times[size].append((time.perf_counter() - start) / epochs)
     medians = {size: statistics.median(values) for size, values in times.items()}
-    fastest = min(FIXED_SIZES[kind], key=lambda size: medians[size])
+    fastest = min(fixed_sizes(config), key=lambda size: medians[size])
     return {
         "medians": medians,
         "default": default,

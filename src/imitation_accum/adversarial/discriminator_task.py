@@ -376,13 +376,6 @@ class DiscriminatorTask:
         )
 
 
-def batch_labels(rows: Sequence[slice], device: th.device) -> th.Tensor:
-    """The labels of a step's transitions in chunk order (see :func:`make_chunks`)."""
-    return th.cat(
-        [th.cat([th.ones(r.stop - r.start), th.zeros(r.stop - r.start)]) for r in rows],
-    ).to(device)
-
-
 def batch_statistics(
     logits: th.Tensor,
     labels: th.Tensor,

@@ -370,16 +370,18 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
                 self._budget_cap = self._fit_budget(task, expert, generated)
             policy = self._step_policy()
 
-            def step(plan: StepPlan) -> StepResult:
+            def step(plan: StepPlan) -> Tuple[StepResult, th.Tensor]:
                 chunks = self._disc_chunks(task, expert, generated, plan.item_chunks)
-                return self._engine.step(
+                result = self._engine.step(
                     task,
                     chunks,
                     plan=plan,
                     n_items=2 * self.demo_batch_size,
                 )
+                # Labels in the order of the logits: the chunks' own.
+                return result, th.cat([chunk.labels for chunk in chunks])
 
-            ran, plan, result = run_step(
+            ran, _, (result, labels) = run_step(
                 np.ones(self.demo_batch_size, dtype=np.int64),
                 step,
                 policy,
@@ -393,7 +395,6 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             self.last_disc_result = result
             assert result.item_outputs is not None  # the task returns its logits
             logits = result.item_outputs
-            labels = discriminator_task.batch_labels(plan.item_chunks, logits.device)
             train_stats = discriminator_task.batch_statistics(
                 logits, labels, result.loss
             )

@@ -41,7 +41,7 @@ ALLOCATOR_FACTOR = {"cuda": 1.2, "cpu": 3.0}
 #: activations (saved and transient bytes, before the allocator factor) within
 #: this: convolutions over Atari frames ran several times faster in calls of a
 #: few frames than in one call of a chunk, while an MLP wants the whole chunk.
-CPU_CALL_BYTES = 32 * 2**20
+CPU_CALL_BYTES = 64 * 2**20
 
 #: Fixed workspace per step beyond the estimate (library workspaces, cuDNN
 #: algorithms, oneDNN scratch pads).
