@@ -5,7 +5,7 @@ For each configuration of ``bench_reward_trainer.py`` (``mlp``, ``cnn84-25``,
 net with ``forward_size="auto"`` (the default, derived from the memory probe) and
 with fixed sizes (the largest is one call per side of a chunk), in one process:
 every point warmed up once, then ``--repeats`` rounds in which each point times
-one ``train()`` call (the order reversed every other round). The table gives
+one ``train()`` call (in a fresh seeded order each round). The table gives
 each point's fastest round in seconds per epoch (a shared machine's intermittent
 load only slows a round down) and the default's ratio to the fastest fixed size.
 ``--busy`` measures every
@@ -27,6 +27,7 @@ import argparse
 import copy
 import time
 
+import numpy as np
 import torch as th
 
 import _results
@@ -73,8 +74,9 @@ def measure(config: str, repeats: int, epochs: int) -> dict:
         train_epochs(trainer, dataset, 1)  # warm-up; the probe runs here
     default = trainers["auto"].last_plan.forward_size
     times: dict = {size: [] for size in sizes}
-    for round_ in range(repeats):
-        for size in sizes if round_ % 2 == 0 else reversed(sizes):
+    order = np.random.default_rng(0)
+    for _ in range(repeats):
+        for size in order.permutation(np.array(sizes, dtype=object)):
             start = time.perf_counter()
             train_epochs(trainers[size], dataset, epochs)
             times[size].append((time.perf_counter() - start) / epochs)
