@@ -5,8 +5,10 @@ For each configuration of ``bench_reward_trainer.py`` (``mlp``, ``cnn84-25``,
 net with ``forward_size="auto"`` (the default, derived from the memory probe) and
 with fixed sizes (the largest is one call per side of a chunk), in one process:
 every point warmed up once, then ``--repeats`` rounds in which each point times
-one ``train()`` call (the order reversed every other round). The table gives each point's median seconds per epoch and the
-default's ratio to the fastest fixed size. ``--busy`` measures every
+one ``train()`` call (in a fresh seeded order each round). The table gives
+each point's fastest round in seconds per epoch (a shared machine's intermittent
+load only slows a round down) and the default's ratio to the fastest fixed size.
+``--busy`` measures every
 configuration again with ``bench_reward_trainer.py``'s competing job (a
 matrix-multiply loop on every core) running; the trainer's intra-op threads are
 left at PyTorch's default in both.
@@ -23,9 +25,9 @@ otherwise.
 
 import argparse
 import copy
-import statistics
 import time
 
+import numpy as np
 import torch as th
 
 import _results
@@ -56,7 +58,7 @@ def fixed_sizes(config: str) -> list:
 
 
 def measure(config: str, repeats: int, epochs: int) -> dict:
-    """Median seconds per epoch of the default and of each fixed size."""
+    """Fastest seconds per epoch of the default and of each fixed size."""
     shape, kind, n_pairs, length, batch_size, minibatch_size = CONFIGS[config]
     th.manual_seed(0)
     dataset = make_data(shape, n_pairs, length)
@@ -72,18 +74,19 @@ def measure(config: str, repeats: int, epochs: int) -> dict:
         train_epochs(trainer, dataset, 1)  # warm-up; the probe runs here
     default = trainers["auto"].last_plan.forward_size
     times: dict = {size: [] for size in sizes}
-    for round_ in range(repeats):
-        for size in sizes if round_ % 2 == 0 else reversed(sizes):
+    order = np.random.default_rng(0)
+    for _ in range(repeats):
+        for size in order.permutation(np.array(sizes, dtype=object)):
             start = time.perf_counter()
             train_epochs(trainers[size], dataset, epochs)
             times[size].append((time.perf_counter() - start) / epochs)
-    medians = {size: statistics.median(values) for size, values in times.items()}
-    fastest = min(fixed_sizes(config), key=lambda size: medians[size])
+    fastest_rounds = {size: min(values) for size, values in times.items()}
+    fastest = min(fixed_sizes(config), key=lambda size: fastest_rounds[size])
     return {
-        "medians": medians,
+        "fastest_rounds": fastest_rounds,
         "default": default,
         "fastest": fastest,
-        "ratio": medians["auto"] / medians[fastest],
+        "ratio": fastest_rounds["auto"] / fastest_rounds[fastest],
     }
 
 
@@ -112,21 +115,21 @@ def main() -> None:
                     result = measure(config, repeats, epochs)
             else:
                 result = measure(config, repeats, epochs)
-            medians = result["medians"]
+            fastest_rounds = result["fastest_rounds"]
             fixed = ", ".join(
                 f"{size}: {seconds:.4g}"
-                for size, seconds in medians.items()
+                for size, seconds in fastest_rounds.items()
                 if size != "auto"
             )
             lines.append(
                 f"| {config} | {load} | {result['default']} | "
-                f"{medians['auto']:.4g} | {fixed} | {result['fastest']} | "
+                f"{fastest_rounds['auto']:.4g} | {fixed} | {result['fastest']} | "
                 f"{result['ratio']:.2f}x | {average:.2f} |"
             )
             print(lines[-1], flush=True)
     lines += [
         "",
-        f"Medians of {repeats} interleaved timings per point, each one train() "
+        f"The fastest of {repeats} interleaved timings per point, each one train() "
         "call of "
         + ", ".join(f"{2 if args.quick else EPOCHS[c]} epoch(s) ({c})" for c in configs)
         + ", all points of a configuration in one process after a one-epoch "
