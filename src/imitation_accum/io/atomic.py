@@ -101,12 +101,25 @@ def _stop_signals_deferred() -> Iterator[None]:
             signal.raise_signal(number)
 
 
+def temporary_sibling(target: pathlib.Path, tag: str = "") -> pathlib.Path:
+    """A fresh temporary path next to ``target`` (nothing is created there).
+
+    Args:
+        target: The file or directory that will be replaced.
+        tag: Put before the random part of the name.
+
+    Returns:
+        A name that :func:`remove_stale_temporaries` removes.
+    """
+    token = secrets.token_hex(6)
+    return target.parent / f".{target.name}.{tag}{token}{TEMPORARY_SUFFIX}"
+
+
 def _make_temporary(target: pathlib.Path) -> Tuple[int, str]:
     # Like tempfile.mkstemp, but with the permissions th.save would give (the
     # umask applies) rather than owner-only ones.
     while True:
-        name = f".{target.name}.{secrets.token_hex(6)}{TEMPORARY_SUFFIX}"
-        path = target.parent / name
+        path = temporary_sibling(target)
         try:
             return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), str(path)
         except FileExistsError:
