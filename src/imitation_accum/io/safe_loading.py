@@ -222,12 +222,25 @@ def unsafe_globals(path: AnyPath) -> List[str]:
         Their qualified names; empty if the file loads with ``weights_only=True``
         (and for files torch cannot read, or on torch versions that cannot tell).
     """
+    with allowing_reward_nets():
+        return pickled_globals(path)
+
+
+def pickled_globals(path: AnyPath) -> List[str]:
+    """Globals in a saved file that torch's allow-list, as it is now, lacks.
+
+    Args:
+        path: A file written by ``th.save``.
+
+    Returns:
+        Their qualified names; empty for files torch cannot read, and on torch
+        versions that cannot tell.
+    """
     finder = getattr(th.serialization, "get_unsafe_globals_in_checkpoint", None)
     if finder is None:  # torch < 2.5
         return []
     try:
-        with allowing_reward_nets():
-            return sorted(finder(str(path)))
+        return sorted(finder(str(path)))
     except Exception:  # not a torch.save file: nothing to name
         return []
 

@@ -15,7 +15,7 @@ from imitation.algorithms import preference_comparisons as pc
 from torch import nn
 
 from imitation_accum.io.atomic import AnyPath, atomic_save
-from imitation_accum.io.safe_loading import unwrapped
+from imitation_accum.io.safe_loading import pickled_globals, unwrapped
 
 #: Name of the training state in a run's ``checkpoints`` directory.
 TRAINING_STATE_NAME = "training_state.pt"
@@ -101,15 +101,6 @@ def save_training_state(state: TrainingState, path: AnyPath) -> pathlib.Path:
     return atomic_save(payload, path)
 
 
-def _pickled_classes(path: pathlib.Path) -> List[str]:
-    """The classes a ``torch.save`` file pickles (empty if it cannot tell)."""
-    finder = getattr(th.serialization, "get_unsafe_globals_in_checkpoint", None)
-    try:
-        return sorted(finder(str(path))) if finder is not None else []
-    except Exception:  # not a torch.save file
-        return []
-
-
 def load_training_state(path: AnyPath) -> TrainingState:
     """Reads a state written by :func:`save_training_state`.
 
@@ -128,7 +119,7 @@ def load_training_state(path: AnyPath) -> TrainingState:
     try:
         payload = th.load(source, map_location="cpu", weights_only=True)
     except Exception as error:
-        classes = _pickled_classes(source)
+        classes = pickled_globals(source)
         if classes:  # a training state holds none: this is something else
             raise ValueError(
                 f"{str(source)!r} is not a training state written by "
