@@ -1,9 +1,9 @@
 """Atomic files: a reader sees the old file or the new one, never a part of one.
 
-A file is written to a temporary file in the same directory, flushed and
-``fsync``-ed, then ``os.replace``-d over the target. SIGTERM and SIGINT that
-arrive during a write take effect once it is done (its temporary file renamed or
-removed), so a stopped process leaves no temporary file behind.
+A file is written to a temporary file in the same directory (hence the same file
+system), flushed and ``fsync``-ed, then ``os.replace``-d over the target. SIGTERM
+and SIGINT that arrive during a write take effect once it is done (its temporary
+file renamed or removed), so a stopped process leaves no temporary file behind.
 """
 
 import contextlib
@@ -41,10 +41,8 @@ def fsync_directory(directory: pathlib.Path) -> None:
 def atomic_save(obj: Any, path: AnyPath) -> pathlib.Path:
     """``th.save(obj, path)``, such that ``path`` never holds a partial file.
 
-    The object is written to a temporary file next to ``path`` (same directory,
-    hence same file system), flushed and ``fsync``-ed, then renamed over ``path``
-    with ``os.replace``. If anything fails the temporary file is removed and any
-    earlier file at ``path`` is left as it was.
+    If anything fails, the temporary file is removed and any earlier file at
+    ``path`` is left as it was.
 
     Args:
         obj: What to save.
