@@ -204,9 +204,7 @@ def register_envs() -> None:
     # ids it could not register, with its own function.
     seals.atari.register_atari_envs(missing_seals)
     for game in games:
-        for masked in (True, False):
-            if masked and game not in seals.atari.SCORE_REGIONS:
-                continue
+        for masked in (True, False) if game in seals.atari.SCORE_REGIONS else (False,):
             if env_id(game, masked=masked) in gym.registry:
                 continue
             gym.register(
