@@ -100,18 +100,16 @@ class FrameStack(gym.ObservationWrapper):
     ``StackedObservations``), so that the stack is part of the environment that
     imitation's ``make_vec_env`` builds. Episodes here never end (the horizon is a
     ``TimeLimit`` outside), so the stack is cleared only on ``reset``.
+
+    Args:
+        env: An environment with channel-last image observations.
+        n_stack: Number of frames to stack.
+
+    Raises:
+        TypeError: if the observation space is not a ``Box``.
     """
 
     def __init__(self, env: gym.Env, n_stack: int) -> None:
-        """Builds the wrapper.
-
-        Args:
-            env: An environment with channel-last image observations.
-            n_stack: Number of frames to stack.
-
-        Raises:
-            TypeError: if the observation space is not a ``Box``.
-        """
         super().__init__(env)
         if not isinstance(env.observation_space, spaces.Box):
             raise TypeError("FrameStack needs a Box observation space")

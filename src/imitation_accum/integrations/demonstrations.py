@@ -53,14 +53,13 @@ class TrajectoryDatasetSequence(huggingface_utils.TrajectoryDatasetSequence):
     ``imitation.data.serialize.load`` returns for a saved dataset): observations,
     actions and rewards are read from Arrow as arrays of their stored dtype (uint8
     frames stay uint8) instead of through Python lists as int64.
+
+    Args:
+        dataset: The HuggingFace ``datasets.Dataset`` that
+            ``imitation.data.serialize.save`` wrote.
     """
 
     def __init__(self, dataset: Any) -> None:
-        """Wraps a dataset saved by ``imitation.data.serialize.save``.
-
-        Args:
-            dataset: The HuggingFace ``datasets.Dataset``.
-        """
         super().__init__(dataset)
         self._arrow = self.dataset.with_format("arrow")
 
