@@ -1,33 +1,25 @@
 """Reward-model training shared by the processes of a group (DDP).
 
-One process per device, launched by ``torchrun``; gloo on CPUs, NCCL on GPUs. Every
-process (*rank*) holds the whole reward net and the whole dataset and draws the
-same batches from an identically seeded generator; each rank computes a disjoint,
-contiguous share of every batch, split into minibatches as usual. The update is the
-one a single process makes on the whole batch:
+One process (*rank*) per device, launched by ``torchrun``. Every rank holds the
+whole net and dataset and draws the same batches; each computes a disjoint,
+contiguous share of every batch, in minibatches as usual. The update is the one a
+single process makes on the whole batch:
 
-* a rank's minibatch losses are divided by the number of pairs in the *whole*
-  batch, and multiplied by the number of ranks to undo DDP's averaging of
-  gradients, so the reduced gradient is the full-batch gradient;
-* gradients are reduced once per step: every minibatch but a rank's last runs
-  under ``no_sync()``;
-* ``RunningNorm``/``EMANorm`` statistics are those of the whole batch: the moments
-  (count, mean, M2) each rank gathers are exchanged and merged in rank order, and
-  every rank replays the same update. DDP's own buffer broadcast, which would copy
-  rank 0's statistics over everyone's, is turned off;
-* a rank with no pairs in a step (a last batch smaller than the number of ranks)
-  runs the net on zero transitions, which contributes a zero gradient, so it still
-  takes part in the reduction;
-* losses, metrics and norm moments reported or used are sums over all ranks, and
-  the default ``forward_size`` is rank 0's, broadcast.
+* losses are divided by the pairs in the *whole* batch, and multiplied by the
+  number of ranks to undo DDP's averaging, so the reduced gradient is the
+  full-batch gradient; every minibatch but a rank's last runs under ``no_sync()``;
+* ``RunningNorm``/``EMANorm`` statistics are the whole batch's: each rank's
+  moments (count, mean, M2) are exchanged and merged in rank order, and every
+  rank replays the same update (DDP's buffer broadcast, which would copy rank 0's
+  statistics over everyone's, is off);
+* a rank with no pairs in a step runs the net on zero transitions (a zero
+  gradient), so it still takes part in the reduction;
+* reported losses, metrics and norm moments are sums over all ranks; the default
+  ``forward_size`` is rank 0's, broadcast.
 
-Parameters, buffers and optimizer state therefore stay identical on all ranks.
-
-Chunks are planned per rank (``minibatch_size``, ``memory_budget``, two passes):
-the collectives do not depend on how many chunks a rank runs, only on every rank
-running its share of every step. A step that runs out of memory is not redone
-(the single-process back-off would leave the other ranks waiting): the job stops
-with the rank's error.
+Chunks are planned per rank: the collectives depend only on every rank running
+its share of every step. A step that runs out of memory is not redone (the
+single-process back-off would leave the other ranks waiting): the job stops.
 """
 
 import contextlib
