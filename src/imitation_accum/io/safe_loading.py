@@ -76,15 +76,14 @@ def _numpy_globals() -> List[SafeGlobal]:
         np.random.SFC64,
         bit_generator.SeedSequence,
     ]
-    found += [
-        getattr(random_pickle, name)
-        for name in ("__generator_ctor", "__bit_generator_ctor")
-        if hasattr(random_pickle, name)
+    optional = [
+        (random_pickle, "__generator_ctor"),
+        (random_pickle, "__bit_generator_ctor"),
+        (bit_generator, "__pyx_unpickle_SeedSequence"),
     ]
-    unpickle_seed = getattr(bit_generator, "__pyx_unpickle_SeedSequence", None)
-    if unpickle_seed is not None:
-        found.append(unpickle_seed)
-    return found
+    return found + [
+        getattr(module, name) for module, name in optional if hasattr(module, name)
+    ]
 
 
 def default_safe_globals() -> List[SafeGlobal]:
