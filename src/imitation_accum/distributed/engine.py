@@ -1,49 +1,32 @@
 """Reward-model training shared by the processes of a group (DDP).
 
-One process per device, launched by ``torchrun``; gloo on CPUs, NCCL on GPUs. Every
-process (*rank*) holds the whole reward net and the whole dataset and draws the
-same batches from an identically seeded generator; each rank computes a disjoint,
-contiguous share of every batch, split into minibatches as usual. The update is the
-one a single process makes on the whole batch:
+One process (*rank*) per device, launched by ``torchrun``. Every rank holds the
+whole net and dataset and draws the same batches; each computes a disjoint,
+contiguous share of every batch, in minibatches as usual. The update is the one a
+single process makes on the whole batch:
 
-* a rank's minibatch losses are divided by the number of pairs in the *whole*
-  batch, and multiplied by the number of ranks to undo DDP's averaging of
-  gradients, so the reduced gradient is the full-batch gradient;
-* gradients are reduced once per step: every minibatch but a rank's last runs
-  under ``no_sync()``;
-* ``RunningNorm``/``EMANorm`` statistics are those of the whole batch: the moments
-  (count, mean, M2) each rank gathers are exchanged and merged in rank order, and
-  every rank replays the same update. DDP's own buffer broadcast, which would copy
-  rank 0's statistics over everyone's, is turned off;
-* a rank with no pairs in a step (a last batch smaller than the number of ranks)
-  runs the net on zero transitions, which contributes a zero gradient, so it still
-  takes part in the reduction;
-* losses, metrics and norm moments reported or used are sums over all ranks, and
-  the default ``forward_size`` is rank 0's, broadcast.
+* losses are divided by the pairs in the *whole* batch, and multiplied by the
+  number of ranks to undo DDP's averaging, so the reduced gradient is the
+  full-batch gradient; every minibatch but a rank's last runs under ``no_sync()``;
+* ``RunningNorm``/``EMANorm`` statistics are the whole batch's: each rank's
+  moments (count, mean, M2) are exchanged and merged in rank order, and every
+  rank replays the same update (DDP's buffer broadcast, which would copy rank 0's
+  statistics over everyone's, is off);
+* a rank with no pairs in a step runs the net on zero transitions (a zero
+  gradient), so it still takes part in the reduction;
+* reported losses, metrics and norm moments are sums over all ranks; the default
+  ``forward_size`` is rank 0's, broadcast.
 
-Parameters, buffers and optimizer state therefore stay identical on all ranks.
-
-Chunks are planned per rank (``minibatch_size``, ``memory_budget``, two passes):
-the collectives do not depend on how many chunks a rank runs, only on every rank
-running its share of every step. A step that runs out of memory is not redone
-(the single-process back-off would leave the other ranks waiting): the job stops
-with the rank's error.
+Chunks are planned per rank: the collectives depend only on every rank running
+its share of every step. A step that runs out of memory is not redone (the
+single-process back-off would leave the other ranks waiting): the job stops.
 """
 
 import contextlib
 import dataclasses
 import inspect
-from typing import (
-    Any,
-    Callable,
-    Dict,
-    Optional,
-    Sequence,
-    Tuple,
-    TypeVar,
-)
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar
 
-import numpy as np
 import torch as th
 import torch.distributed as dist
 from imitation.regularization import regularizers
@@ -144,13 +127,16 @@ class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
         """Runs this rank's share of one optimizer step.
 
         Args:
-            task: Computes each chunk's outputs and loss.
+            task: As in :meth:`GradientAccumulator.step`.
             chunks: This rank's share of the batch, split (may be empty).
-            n_items: Items in the whole batch, over all ranks.
             plan: This rank's plan; its ``net_calls`` are summed over ranks.
+            n_items: Items in the whole batch, over all ranks.
 
         Returns:
             The step's full-batch figures (``item_losses``: this rank's only).
+
+        Raises:
+            RuntimeError: on running out of memory (the step is not redone).
         """
         calls = int(self._global_sum(th.tensor(float(plan.net_calls))))
         if self.norms.active:
@@ -201,47 +187,35 @@ class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
         layers = self.norms.layers
         calls = th.tensor([float(len(c)) for c in moments], device=self._comm_device)
         dist.all_reduce(calls, op=dist.ReduceOp.MAX, group=self.process_group)
-        n_calls = [int(n) for n in calls.tolist()]
-        shapes = [tuple(layer.running_mean.shape) for layer in layers]
-        widths = [int(np.prod(shape)) for shape in shapes]
-        sizes = [n * (1 + 2 * w) for n, w in zip(n_calls, widths)]
-        local = th.zeros(sum(sizes), dtype=th.float64, device=self._comm_device)
-        offset = 0
-        for layer_moments, n, w in zip(moments, n_calls, widths):
-            for call in range(n):
-                if call < len(layer_moments):
-                    m = layer_moments[call]
-                    local[offset] = m.count
-                    local[offset + 1 : offset + 1 + w] = m.mean.reshape(-1)
-                    local[offset + 1 + w : offset + 1 + 2 * w] = m.m2.reshape(-1)
-                offset += 1 + 2 * w
+        # One row per call of each layer, [count, mean..., m2...]; zeros for a call
+        # this rank did not make.
+        slots = [
+            (i, call) for i, n in enumerate(calls.tolist()) for call in range(int(n))
+        ]
+        widths = [1 + 2 * layers[i].running_mean.numel() for i, _ in slots]
+        local = th.zeros(sum(widths), dtype=th.float64, device=self._comm_device)
+        for row, (i, call) in zip(local.split(widths), slots):
+            if call < len(moments[i]):
+                m = moments[i][call]
+                row[0] = m.count
+                row[1:] = th.cat([m.mean.reshape(-1), m.m2.reshape(-1)])
         gathered = [th.empty_like(local) for _ in range(self.world_size)]
         dist.all_gather(gathered, local, group=self.process_group)
-        merged: norm_replay.CallMoments = []
-        offset = 0
-        for n, w, shape in zip(n_calls, widths, shapes):
-            layer_calls = []
-            for _ in range(n):
-                total: Optional[norm_replay.Moments] = None
-                for buffer in gathered:  # in rank order, the same on every rank
-                    part = self._unpack_moments(buffer[offset : offset + 1 + 2 * w])
-                    if part is not None:
-                        part.mean = part.mean.reshape(shape)
-                        part.m2 = part.m2.reshape(shape)
-                        total = part if total is None else total.merge(part)
-                assert total is not None  # some rank made this call
-                layer_calls.append(total)
-                offset += 1 + 2 * w
-            merged.append(layer_calls)
+        merged: norm_replay.CallMoments = [[] for _ in layers]
+        for (i, _), rows in zip(slots, zip(*(g.split(widths) for g in gathered))):
+            shape = layers[i].running_mean.shape
+            parts = [  # in rank order, the same on every rank
+                norm_replay.Moments(
+                    int(row[0]), *row[1:].to(self.device).reshape(2, *shape)
+                )
+                for row in rows
+                if int(row[0])
+            ]
+            total = parts[0]  # some rank made this call
+            for part in parts[1:]:
+                total = total.merge(part)
+            merged[i].append(total)
         return merged
-
-    def _unpack_moments(self, packed: th.Tensor) -> Optional[norm_replay.Moments]:
-        """``[count, mean..., m2...]`` as moments on the net's device; None if empty."""
-        count = int(packed[0])
-        if count == 0:
-            return None
-        mean, m2 = packed[1:].to(self.device).chunk(2)
-        return norm_replay.Moments(count, mean, m2)
 
     def broadcast(self, values: Sequence[float], src: int = 0) -> Tuple[float, ...]:
         """Rank ``src``'s ``values`` on every rank.

@@ -6,21 +6,11 @@ import datetime
 import math
 import os
 import time
-from typing import (
-    Any,
-    Iterator,
-    List,
-    Mapping,
-    Optional,
-    TypeVar,
-    Union,
-)
+from typing import Any, Iterator, List, Mapping, Optional, Union
 
 import numpy as np
 import torch as th
 import torch.distributed as dist
-
-ChunkT = TypeVar("ChunkT")
 
 _TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -195,22 +185,17 @@ def _is_timeout(error: BaseException) -> bool:
     )
 
 
-def _store() -> Any:
-    # The default group's key-value store (torchrun's rendezvous store): a channel
-    # that still works when a collective has timed out.
-    getter = getattr(dist.distributed_c10d, "_get_default_store", None)
-    return None if getter is None else getter()
-
-
 def _unresponsive_ranks(context: DistributedContext, grace_s: float) -> List[int]:
     """Ranks that did not also time out within ``grace_s``: stopped or stuck.
 
-    Every rank whose collective times out records so in the store; the ranks
-    that waited time out at about the same moment, the one they waited for
-    does not.
+    Every rank whose collective times out records so in the default group's store
+    (torchrun's rendezvous store, which still works when a collective has timed
+    out); the ranks that waited time out at about the same moment, the one they
+    waited for does not.
     """
     try:
-        store = _store()
+        getter = getattr(dist.distributed_c10d, "_get_default_store", None)
+        store = None if getter is None else getter()
         if store is None:
             return []
         store.set(_TIMED_OUT_KEY.format(rank=context.rank), "1")

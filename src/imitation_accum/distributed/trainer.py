@@ -2,11 +2,7 @@
 
 import hashlib
 import inspect
-from typing import (
-    Any,
-    Optional,
-    TypeVar,
-)
+from typing import Any, Optional
 
 import numpy as np
 import torch as th
@@ -18,8 +14,6 @@ from imitation_accum.distributed.engine import DistributedGradientAccumulator
 from imitation_accum.distributed.process_group import check_batch_size, local_share
 from imitation_accum.engine.accumulator import GradientAccumulator
 from imitation_accum.preference.trainer import CrossEntropyRewardTrainer
-
-ChunkT = TypeVar("ChunkT")
 
 
 class DistributedRewardTrainer(CrossEntropyRewardTrainer):
@@ -123,7 +117,7 @@ class DistributedRewardTrainer(CrossEntropyRewardTrainer):
     def _check_same_rng(self) -> None:
         state = repr(self.rng.bit_generator.state).encode()
         digest = int.from_bytes(hashlib.sha256(state).digest()[:7], "little")
-        mine = th.tensor([digest], dtype=th.int64, device=self._comm_device)
+        mine = th.tensor([digest], dtype=th.int64, device=self._ddp_engine._comm_device)
         everyone = [th.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(everyone, mine, group=self.process_group)
         differing = [r for r, d in enumerate(everyone) if int(d) != int(everyone[0])]
@@ -135,10 +129,10 @@ class DistributedRewardTrainer(CrossEntropyRewardTrainer):
             )
 
     @property
-    def _comm_device(self) -> th.device:
+    def _ddp_engine(self) -> DistributedGradientAccumulator:
         engine = self.engine
         assert isinstance(engine, DistributedGradientAccumulator)
-        return engine._comm_device
+        return engine
 
     def _agreed_forward_size(self, size: Optional[int]) -> Optional[int]:
         """Rank 0's default forward size, on every rank.
@@ -148,7 +142,5 @@ class DistributedRewardTrainer(CrossEntropyRewardTrainer):
         """
         if not self.distributed:
             return size
-        engine = self.engine
-        assert isinstance(engine, DistributedGradientAccumulator)
-        (agreed,) = engine.broadcast([float(size or 0)])
+        (agreed,) = self._ddp_engine.broadcast([float(size or 0)])
         return int(agreed) or None

@@ -100,18 +100,16 @@ class FrameStack(gym.ObservationWrapper):
     ``StackedObservations``), so that the stack is part of the environment that
     imitation's ``make_vec_env`` builds. Episodes here never end (the horizon is a
     ``TimeLimit`` outside), so the stack is cleared only on ``reset``.
+
+    Args:
+        env: An environment with channel-last image observations.
+        n_stack: Number of frames to stack.
+
+    Raises:
+        TypeError: if the observation space is not a ``Box``.
     """
 
     def __init__(self, env: gym.Env, n_stack: int) -> None:
-        """Builds the wrapper.
-
-        Args:
-            env: An environment with channel-last image observations.
-            n_stack: Number of frames to stack.
-
-        Raises:
-            TypeError: if the observation space is not a ``Box``.
-        """
         super().__init__(env)
         if not isinstance(env.observation_space, spaces.Box):
             raise TypeError("FrameStack needs a Box observation space")
@@ -204,9 +202,7 @@ def register_envs() -> None:
     # ids it could not register, with its own function.
     seals.atari.register_atari_envs(missing_seals)
     for game in games:
-        for masked in (True, False):
-            if masked and game not in seals.atari.SCORE_REGIONS:
-                continue
+        for masked in (True, False) if game in seals.atari.SCORE_REGIONS else (False,):
             if env_id(game, masked=masked) in gym.registry:
                 continue
             gym.register(

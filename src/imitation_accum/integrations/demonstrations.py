@@ -53,14 +53,13 @@ class TrajectoryDatasetSequence(huggingface_utils.TrajectoryDatasetSequence):
     ``imitation.data.serialize.load`` returns for a saved dataset): observations,
     actions and rewards are read from Arrow as arrays of their stored dtype (uint8
     frames stay uint8) instead of through Python lists as int64.
+
+    Args:
+        dataset: The HuggingFace ``datasets.Dataset`` that
+            ``imitation.data.serialize.save`` wrote.
     """
 
     def __init__(self, dataset: Any) -> None:
-        """Wraps a dataset saved by ``imitation.data.serialize.save``.
-
-        Args:
-            dataset: The HuggingFace ``datasets.Dataset``.
-        """
         super().__init__(dataset)
         self._arrow = self.dataset.with_format("arrow")
 
@@ -177,24 +176,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     """
     parser = argparse.ArgumentParser(description=make_demonstrations.__doc__)
     parser.add_argument("--gym-id", required=True, help="environment.gym_id")
-    parser.add_argument("--out", required=True, help="where to save")
-    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--out", dest="path", required=True, help="where to save")
+    parser.add_argument("--episodes", dest="n_episodes", type=int, default=10)
     parser.add_argument("--policy-type", default="random")
     parser.add_argument("--policy-path", default=None)
     parser.add_argument("--max-episode-steps", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    trajectories = make_demonstrations(
-        args.out,
-        gym_id=args.gym_id,
-        n_episodes=args.episodes,
-        policy_type=args.policy_type,
-        policy_path=args.policy_path,
-        max_episode_steps=args.max_episode_steps,
-        seed=args.seed,
-    )
+    trajectories = make_demonstrations(**vars(args))
     steps = sum(len(traj) for traj in trajectories)
-    print(f"Saved {len(trajectories)} episodes ({steps} transitions) to {args.out}")
+    print(f"Saved {len(trajectories)} episodes ({steps} transitions) to {args.path}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,7 +13,8 @@ with this package's exact accumulation. While patched, in imitation's modules:
 - ``algorithms.adversarial.airl.AIRL`` and ``algorithms.adversarial.gail.GAIL`` are
   :class:`imitation_accum.AIRL` and :class:`imitation_accum.GAIL`;
 - ``scripts.ingredients.reward._make_reward_net`` (with a config hook of the reward
-  ingredient) builds CNN reward nets;
+  ingredient) gives CNN reward nets no ``normalize_input_layer``, which imitation
+  always adds and they reject (a configured one is an error that names the key);
 - ``data.huggingface_utils.TrajectoryDatasetSequence`` (what
   ``data.serialize.load`` returns) is this package's
   :class:`~imitation_accum.integrations.demonstrations.TrajectoryDatasetSequence`,
@@ -22,10 +23,6 @@ with this package's exact accumulation. While patched, in imitation's modules:
   (:func:`~imitation_accum.io.safe_loading.allowing_reward_nets`), so on torch
   2.6 and later, which load with ``weights_only=True``, it reads the reward nets
   imitation saves. Outside it, torch's allow-list is untouched.
-
-imitation's reward ingredient always gives its nets a ``normalize_input_layer``,
-which CNN reward nets reject; while patched, the ingredient leaves it out for them
-(a configured input normalization layer is an error that names the key).
 
 Names are looked up in imitation's modules when imitation's code runs, so patching
 reaches ``preference_comparisons.PreferenceComparisons`` (which builds its default
@@ -104,8 +101,7 @@ def patch() -> None:
     """
     if is_patched():
         return
-    replacements = _replacements()
-    for (module_name, attribute), replacement in replacements.items():
+    for (module_name, attribute), replacement in _replacements().items():
         module = importlib.import_module(module_name)
         _originals[(module_name, attribute)] = getattr(module, attribute)
         setattr(module, attribute, replacement)

@@ -1,10 +1,8 @@
 """imitation's reward ingredient, made to build CNN reward nets (used by ``patch``).
 
 The reward ingredient always gives its net a ``normalize_input_layer``, which CNN
-reward nets (``CnnRewardNet``,
-:class:`imitation_accum.reward_nets.CnnShapedRewardNet`) reject:
-:func:`add_reward_config_hook` and :func:`reward_net_builder` (installed by
-:func:`imitation_accum.patch`) leave it out for them.
+reward nets reject: :func:`add_reward_config_hook` and :func:`reward_net_builder`
+leave it out for them.
 """
 
 import functools

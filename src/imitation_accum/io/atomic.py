@@ -1,9 +1,9 @@
 """Atomic files: a reader sees the old file or the new one, never a part of one.
 
-A file is written to a temporary file in the same directory, flushed and
-``fsync``-ed, then ``os.replace``-d over the target. SIGTERM and SIGINT that
-arrive during a write take effect once it is done (its temporary file renamed or
-removed), so a stopped process leaves no temporary file behind.
+A file is written to a temporary file in the same directory (hence the same file
+system), flushed and ``fsync``-ed, then ``os.replace``-d over the target. SIGTERM
+and SIGINT that arrive during a write take effect once it is done (its temporary
+file renamed or removed), so a stopped process leaves no temporary file behind.
 """
 
 import contextlib
@@ -41,10 +41,8 @@ def fsync_directory(directory: pathlib.Path) -> None:
 def atomic_save(obj: Any, path: AnyPath) -> pathlib.Path:
     """``th.save(obj, path)``, such that ``path`` never holds a partial file.
 
-    The object is written to a temporary file next to ``path`` (same directory,
-    hence same file system), flushed and ``fsync``-ed, then renamed over ``path``
-    with ``os.replace``. If anything fails the temporary file is removed and any
-    earlier file at ``path`` is left as it was.
+    If anything fails, the temporary file is removed and any earlier file at
+    ``path`` is left as it was.
 
     Args:
         obj: What to save.
@@ -101,12 +99,25 @@ def _stop_signals_deferred() -> Iterator[None]:
             signal.raise_signal(number)
 
 
+def temporary_sibling(target: pathlib.Path, tag: str = "") -> pathlib.Path:
+    """A fresh temporary path next to ``target`` (nothing is created there).
+
+    Args:
+        target: The file or directory that will be replaced.
+        tag: Put before the random part of the name.
+
+    Returns:
+        A name that :func:`remove_stale_temporaries` removes.
+    """
+    token = secrets.token_hex(6)
+    return target.parent / f".{target.name}.{tag}{token}{TEMPORARY_SUFFIX}"
+
+
 def _make_temporary(target: pathlib.Path) -> Tuple[int, str]:
     # Like tempfile.mkstemp, but with the permissions th.save would give (the
     # umask applies) rather than owner-only ones.
     while True:
-        name = f".{target.name}.{secrets.token_hex(6)}{TEMPORARY_SUFFIX}"
-        path = target.parent / name
+        path = temporary_sibling(target)
         try:
             return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), str(path)
         except FileExistsError:

@@ -1,14 +1,7 @@
 """A cheap fingerprint of a preference dataset's contents.
 
-Two datasets of the same size are told apart without reading every frame: the
-fingerprint hashes all preferences, every fragment's length (when the dataset
-holds its fragments in lists, as imitation's ``PreferenceDataset`` does), and the
-observations and actions of a few pairs spread evenly over the dataset. A dataset
-that knows its own fingerprint (a ``fingerprint()`` method, as an on-disk store
-can compute from its manifest) is trusted to give it.
-
-Used to check, before training, that every rank of a distributed run loaded the
-same data, and on resume that a checkpoint was trained on this data.
+Checked before training, that every rank of a distributed run loaded the same
+data, and on resume, that a checkpoint was trained on this data.
 """
 
 import hashlib
@@ -27,7 +20,13 @@ def _hash_array(digest: "hashlib._Hash", value: Any) -> None:
 
 
 def dataset_fingerprint(dataset: Any, sampled_pairs: int = SAMPLED_PAIRS) -> str:
-    """A fingerprint of ``dataset``'s contents.
+    """A fingerprint of ``dataset``'s contents, without reading every frame.
+
+    It hashes all preferences, every fragment's length (when the dataset holds its
+    fragments in lists, as imitation's ``PreferenceDataset`` does), and the
+    observations and actions of a few pairs spread evenly over the dataset. A
+    dataset with a ``fingerprint()`` method (a frame store reads it from its
+    manifest) is trusted to give it.
 
     Args:
         dataset: A preference dataset: ``__len__`` and ``__getitem__`` returning
@@ -36,9 +35,8 @@ def dataset_fingerprint(dataset: Any, sampled_pairs: int = SAMPLED_PAIRS) -> str
         sampled_pairs: How many pairs' observations and actions are hashed.
 
     Returns:
-        ``dataset.fingerprint()`` if it has one; otherwise ``"sha256:"`` and the
-        hex digest of the preferences, the fragment lengths and the sampled
-        pairs' frames.
+        ``dataset.fingerprint()`` if it has one; otherwise ``"sha256:"`` and a
+        hex digest.
     """
     own = getattr(dataset, "fingerprint", None)
     if callable(own):

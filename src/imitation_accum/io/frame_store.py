@@ -18,15 +18,13 @@ import hashlib
 import json
 import os
 import pathlib
-import secrets
 import shutil
-from typing import Any, Dict, Iterable, Mapping, Tuple, Union
+from typing import Any, BinaryIO, Dict, Iterable, Mapping, Optional, Tuple
 
 import numpy as np
 
 from imitation_accum.io import atomic
-
-AnyPath = Union[str, os.PathLike]
+from imitation_accum.io.atomic import AnyPath
 
 FORMAT = "imitation_accum.frame_store"
 VERSION = 1
@@ -57,20 +55,23 @@ def write_store(
     """
     target = pathlib.Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = _temporary_sibling(target)
+    temporary = atomic.temporary_sibling(target)
     temporary.mkdir()
     try:
         entries = {}
         for name, blocks in arrays.items():
             shape, dtype = shapes[name]
-            array_path = temporary / f"{name}.npy"
-            entries[name] = _write_array(array_path, blocks, shape, dtype)
-        manifest = {
-            "format": FORMAT,
-            "version": VERSION,
-            "arrays": entries,
-            "metadata": dict(metadata),
-        }
+            with open(temporary / f"{name}.npy", "wb") as file:
+                header = {
+                    "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                    "fortran_order": False,
+                    "shape": tuple(shape),
+                }
+                np.lib.format.write_array_header_1_0(file, header)
+                entries[name] = _entry(name, blocks, shape, dtype, file)
+                file.flush()
+                os.fsync(file.fileno())
+        manifest = _manifest(entries, metadata)
         with open(temporary / MANIFEST, "w") as file:
             json.dump(manifest, file, indent=1, sort_keys=True)
             file.flush()
@@ -83,9 +84,63 @@ def write_store(
     return manifest
 
 
-def _temporary_sibling(target: pathlib.Path, tag: str = "") -> pathlib.Path:
-    token = secrets.token_hex(6)
-    return target.parent / f".{target.name}.{tag}{token}{atomic.TEMPORARY_SUFFIX}"
+def describe(
+    arrays: Mapping[str, Iterable[np.ndarray]],
+    shapes: Mapping[str, Tuple[Tuple[int, ...], np.dtype]],
+    metadata: Mapping[str, Any],
+) -> Dict[str, Any]:
+    """The manifest :func:`write_store` would write for these arrays, writing nothing.
+
+    Args:
+        arrays: As for :func:`write_store`.
+        shapes: As for :func:`write_store`.
+        metadata: As for :func:`write_store`.
+
+    Returns:
+        The manifest (its digests hash the same bytes the files would hold).
+    """
+    entries = {
+        name: _entry(name, blocks, *shapes[name]) for name, blocks in arrays.items()
+    }
+    return _manifest(entries, metadata)
+
+
+def _manifest(entries: Dict[str, Any], metadata: Mapping[str, Any]) -> Dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "arrays": entries,
+        "metadata": dict(metadata),
+    }
+
+
+def _entry(
+    name: str,
+    blocks: Iterable[np.ndarray],
+    shape: Tuple[int, ...],
+    dtype: np.dtype,
+    file: Optional[BinaryIO] = None,
+) -> Dict[str, Any]:
+    """The manifest's entry of array ``name``; its bytes also go to ``file``."""
+    dtype = np.dtype(dtype)
+    digest = hashlib.sha256()
+    n_bytes = 0
+    for block in blocks:
+        data = np.ascontiguousarray(block, dtype=dtype).data
+        if file is not None:
+            file.write(data)
+        digest.update(data)
+        n_bytes += data.nbytes
+    expected = int(np.prod(shape)) * dtype.itemsize
+    if file is not None and n_bytes != expected:
+        raise ValueError(f"{name}.npy: wrote {n_bytes} bytes, shape needs {expected}")
+    return {
+        "file": f"{name}.npy",
+        "shape": list(shape),
+        "dtype": dtype.str,
+        "bytes": expected,
+        "sha256": digest.hexdigest(),
+    }
 
 
 def _replace_directory(source: pathlib.Path, target: pathlib.Path) -> None:
@@ -97,47 +152,12 @@ def _replace_directory(source: pathlib.Path, target: pathlib.Path) -> None:
             raise FileExistsError(
                 f"{target} exists and is not a frame store; not replacing it",
             )
-        old = _temporary_sibling(target, "old.")
+        old = atomic.temporary_sibling(target, "old.")
         os.replace(target, old)
     os.replace(source, target)
     atomic.fsync_directory(target.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _write_array(
-    path: pathlib.Path,
-    blocks: Iterable[np.ndarray],
-    shape: Tuple[int, ...],
-    dtype: np.dtype,
-) -> Dict[str, Any]:
-    dtype = np.dtype(dtype)
-    digest = hashlib.sha256()
-    n_bytes = 0
-    with open(path, "wb") as file:
-        header: Dict[str, Any] = {
-            "descr": np.lib.format.dtype_to_descr(dtype),
-            "fortran_order": False,
-            "shape": tuple(shape),
-        }
-        np.lib.format.write_array_header_1_0(file, header)
-        for block in blocks:
-            data = np.ascontiguousarray(block, dtype=dtype).data
-            file.write(data)
-            digest.update(data)
-            n_bytes += data.nbytes
-        file.flush()
-        os.fsync(file.fileno())
-    expected = int(np.prod(shape)) * dtype.itemsize
-    if n_bytes != expected:
-        raise ValueError(f"{path.name}: wrote {n_bytes} bytes, shape needs {expected}")
-    return {
-        "file": path.name,
-        "shape": list(shape),
-        "dtype": dtype.str,
-        "bytes": n_bytes,
-        "sha256": digest.hexdigest(),
-    }
 
 
 def read_manifest(path: AnyPath) -> Dict[str, Any]:
@@ -302,39 +322,3 @@ def fingerprint_of(manifest: Mapping[str, Any]) -> str:
     }
     encoded = json.dumps(content, sort_keys=True).encode()
     return hashlib.sha256(encoded).hexdigest()
-
-
-def describe(
-    arrays: Mapping[str, Iterable[np.ndarray]],
-    shapes: Mapping[str, Tuple[Tuple[int, ...], np.dtype]],
-    metadata: Mapping[str, Any],
-) -> Dict[str, Any]:
-    """The manifest :func:`write_store` would write for these arrays, writing nothing.
-
-    Args:
-        arrays: As for :func:`write_store`.
-        shapes: As for :func:`write_store`.
-        metadata: As for :func:`write_store`.
-
-    Returns:
-        The manifest (its digests hash the same bytes the files would hold).
-    """
-    entries = {}
-    for name, blocks in arrays.items():
-        shape, dtype = shapes[name]
-        digest = hashlib.sha256()
-        for block in blocks:
-            digest.update(np.ascontiguousarray(block, dtype=dtype).data)
-        entries[name] = {
-            "file": f"{name}.npy",
-            "shape": list(shape),
-            "dtype": np.dtype(dtype).str,
-            "bytes": int(np.prod(shape)) * np.dtype(dtype).itemsize,
-            "sha256": digest.hexdigest(),
-        }
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "arrays": entries,
-        "metadata": dict(metadata),
-    }

@@ -1,23 +1,17 @@
 """Reward nets saved in imitation's format, and loaded safely.
 
 A reward net is saved as imitation saves it (``th.save`` of the whole module),
-atomically: it loads with imitation's ``imitation.rewards.serialize.load_reward``
-and with :func:`load_reward_net`.
+atomically, so that imitation's ``imitation.rewards.serialize.load_reward`` and
+:func:`load_reward_net` both read it.
 
-torch 2.6 and later load with ``weights_only=True`` by default, which refuses the
-pickled module imitation 1.0.1 saves and loads, so ``load_reward`` fails on every
-reward net. A file format that both keeps imitation's loader working and avoids
-pickled classes does not exist (a TorchScript archive is refused by
-``weights_only`` loading, a ``state_dict`` is not a module), so this package's
-loads, and imitation's ``load_reward`` while :func:`imitation_accum.patch` is in
-effect, run inside :func:`allowing_reward_nets`: a
-``torch.serialization.safe_globals`` block that allows the classes a reward net
-built from imitation's and torch's layers pickles (imitation's reward nets and
-norm layers, torch's ``nn`` layers, gymnasium's spaces and the numpy types they
-hold). Nothing else is allowed, and nothing is allowed outside those loads:
-importing this package leaves torch's allow-list as it was. A net of another
-class needs :func:`register_safe_classes` (or, for a trusted file,
-``weights_only=False``).
+torch 2.6 and later load with ``weights_only=True``, which refuses the pickled
+module imitation 1.0.1 saves. No format keeps imitation's loader working without
+pickled classes (``weights_only`` refuses TorchScript archives; a ``state_dict``
+is not a module), so this package's loads, and imitation's ``load_reward`` while
+patched, run inside :func:`allowing_reward_nets`, which allows the classes of
+:func:`default_safe_globals` for that load only: importing this package leaves
+torch's allow-list as it was. A net of another class needs
+:func:`register_safe_classes` (or, for a trusted file, ``weights_only=False``).
 """
 
 import contextlib
@@ -82,15 +76,14 @@ def _numpy_globals() -> List[SafeGlobal]:
         np.random.SFC64,
         bit_generator.SeedSequence,
     ]
-    found += [
-        getattr(random_pickle, name)
-        for name in ("__generator_ctor", "__bit_generator_ctor")
-        if hasattr(random_pickle, name)
+    optional = [
+        (random_pickle, "__generator_ctor"),
+        (random_pickle, "__bit_generator_ctor"),
+        (bit_generator, "__pyx_unpickle_SeedSequence"),
     ]
-    unpickle_seed = getattr(bit_generator, "__pyx_unpickle_SeedSequence", None)
-    if unpickle_seed is not None:
-        found.append(unpickle_seed)
-    return found
+    return found + [
+        getattr(module, name) for module, name in optional if hasattr(module, name)
+    ]
 
 
 def default_safe_globals() -> List[SafeGlobal]:
@@ -99,9 +92,8 @@ def default_safe_globals() -> List[SafeGlobal]:
     Returns:
         imitation's and this package's reward-net classes (GAIL's
         discriminator-logit reward too), imitation's norm layers, every
-        ``torch.nn`` layer,
-        gymnasium's array spaces and the numpy types and generator constructors
-        that they hold.
+        ``torch.nn`` layer, gymnasium's array spaces and the numpy types and
+        generator constructors that they hold.
     """
     found: List[SafeGlobal] = []
     found += _module_classes(vars(reward_nets))
@@ -122,11 +114,10 @@ def default_safe_globals() -> List[SafeGlobal]:
 
 
 def register_safe_classes(*classes: SafeGlobal) -> None:
-    """Lets this package's loads rebuild objects of ``classes``.
+    """Lets this package's loads (and imitation's, while patched) rebuild ``classes``.
 
-    Call it, before loading, for a reward net of a class of your own (and any
-    class it holds): :func:`load_reward_net`, and imitation's loader while
-    patched, then load it. torch's own allow-list is not changed.
+    Call it before loading a reward net of a class of your own, with that class
+    and any class it holds. torch's own allow-list is not changed.
 
     Args:
         *classes: Classes or functions, or ``(object, "module.name")`` pairs.
@@ -181,11 +172,10 @@ def unwrapped(net: nn.Module) -> nn.Module:
 
 
 def save_reward_net(net: nn.Module, path: AnyPath) -> pathlib.Path:
-    """Saves ``net`` as imitation does (the whole module), atomically, on the CPU.
+    """Saves ``net`` as imitation does (``th.save`` of the module), atomically.
 
-    imitation's ``train_preference_comparisons`` writes ``th.save(net, path)``; so
-    does this, from a CPU copy so that the file loads on a machine without the
-    training device. A ``DistributedDataParallel`` wrapper is removed first.
+    A CPU copy is saved, so that the file loads on a machine without the training
+    device, and a ``DistributedDataParallel`` wrapper is removed first.
 
     Args:
         net: The reward net.
@@ -222,12 +212,25 @@ def unsafe_globals(path: AnyPath) -> List[str]:
         Their qualified names; empty if the file loads with ``weights_only=True``
         (and for files torch cannot read, or on torch versions that cannot tell).
     """
+    with allowing_reward_nets():
+        return pickled_globals(path)
+
+
+def pickled_globals(path: AnyPath) -> List[str]:
+    """Globals in a saved file that torch's allow-list, as it is now, lacks.
+
+    Args:
+        path: A file written by ``th.save``.
+
+    Returns:
+        Their qualified names; empty for files torch cannot read, and on torch
+        versions that cannot tell.
+    """
     finder = getattr(th.serialization, "get_unsafe_globals_in_checkpoint", None)
     if finder is None:  # torch < 2.5
         return []
     try:
-        with allowing_reward_nets():
-            return sorted(finder(str(path)))
+        return sorted(finder(str(path)))
     except Exception:  # not a torch.save file: nothing to name
         return []
 

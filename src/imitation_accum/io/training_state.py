@@ -15,7 +15,7 @@ from imitation.algorithms import preference_comparisons as pc
 from torch import nn
 
 from imitation_accum.io.atomic import AnyPath, atomic_save
-from imitation_accum.io.safe_loading import unwrapped
+from imitation_accum.io.safe_loading import pickled_globals, unwrapped
 
 #: Name of the training state in a run's ``checkpoints`` directory.
 TRAINING_STATE_NAME = "training_state.pt"
@@ -101,15 +101,6 @@ def save_training_state(state: TrainingState, path: AnyPath) -> pathlib.Path:
     return atomic_save(payload, path)
 
 
-def _pickled_classes(path: pathlib.Path) -> List[str]:
-    """The classes a ``torch.save`` file pickles (empty if it cannot tell)."""
-    finder = getattr(th.serialization, "get_unsafe_globals_in_checkpoint", None)
-    try:
-        return sorted(finder(str(path))) if finder is not None else []
-    except Exception:  # not a torch.save file
-        return []
-
-
 def load_training_state(path: AnyPath) -> TrainingState:
     """Reads a state written by :func:`save_training_state`.
 
@@ -128,7 +119,7 @@ def load_training_state(path: AnyPath) -> TrainingState:
     try:
         payload = th.load(source, map_location="cpu", weights_only=True)
     except Exception as error:
-        classes = _pickled_classes(source)
+        classes = pickled_globals(source)
         if classes:  # a training state holds none: this is something else
             raise ValueError(
                 f"{str(source)!r} is not a training state written by "
@@ -149,18 +140,19 @@ def load_training_state(path: AnyPath) -> TrainingState:
             f"checkpoint {str(source)!r} has format version "
             f"{payload.get('version')}; this version reads {_STATE_VERSION}",
         )
-    fields = {f.name for f in dataclasses.fields(TrainingState)}
-    required = {
+    fields = dataclasses.fields(TrainingState)
+    missing = {
         f.name
-        for f in dataclasses.fields(TrainingState)
+        for f in fields
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    }
-    missing = required - set(payload)
+    } - set(payload)
     if missing:
         raise ValueError(
             f"checkpoint {str(source)!r} lacks {', '.join(sorted(missing))}",
         )
-    return TrainingState(**{k: payload[k] for k in fields if k in payload})
+    return TrainingState(
+        **{f.name: payload[f.name] for f in fields if f.name in payload}
+    )
 
 
 def check_fits(state: TrainingState, net: nn.Module, path: AnyPath) -> None:
@@ -244,17 +236,12 @@ def restore_state(
         ) from error
     trainer.rng.bit_generator.state = state.rng_state
     th.set_rng_state(state.torch_rng_state)
-    _restore_cuda_rng(state.cuda_rng_states)
+    if state.cuda_rng_states and th.cuda.is_available():
+        # On the devices both runs have.
+        for index in range(min(len(state.cuda_rng_states), th.cuda.device_count())):
+            th.cuda.set_rng_state(state.cuda_rng_states[index], index)
     if regularizer is not None:
         regularizer.lambda_ = state.regularizer_lambda
-
-
-def _restore_cuda_rng(states: Optional[List[th.Tensor]]) -> None:
-    """Puts back the CUDA generators saved, on the devices both runs have."""
-    if not states or not th.cuda.is_available():
-        return
-    for index in range(min(len(states), th.cuda.device_count())):
-        th.cuda.set_rng_state(states[index], index)
 
 
 def apply_hyperparameters(
