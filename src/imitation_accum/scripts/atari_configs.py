@@ -1,4 +1,4 @@
-"""Named configs for Atari, shared by this package's experiments.
+"""Named configs shared by this package's experiments: Atari, and ``gpu_bf16``.
 
 Every game runs on ``imitation_accum/<Game>NoFrameskip-v4`` (see
 :mod:`imitation_accum.atari`): SB3's standard Atari preprocessing, 84x84 frames,
@@ -20,6 +20,10 @@ stacked: ``comparison_queue_size`` still bounds them. imitation's agent trainer
 also keeps every transition of an iteration's agent training until preferences
 are gathered (``total_timesteps / num_iterations`` observations). See
 :func:`host_memory_bytes`.
+
+``gpu_bf16`` runs the preference trainer's reward net under ``torch.autocast`` in
+bfloat16 (Ampere or later); the accelerator options (``acceleration``) stay as
+configured, off by default, until they are measured on a device (``docs/gpu.md``).
 """
 
 from typing import Any, Callable, Dict
@@ -56,6 +60,11 @@ PREFERENCE_DEFAULTS: Dict[str, Any] = dict(
         minibatch_size=16,  # pairs per forward/backward: ~6 GiB of activations
     ),
 )
+
+#: The preference trainer's arguments for a bfloat16 run on a GPU (``gpu_bf16``).
+GPU_BF16: Dict[str, Any] = {
+    "reward_trainer_kwargs": {"autocast_dtype": "bfloat16"},
+}
 
 ADVERSARIAL_DEFAULTS: Dict[str, Any] = dict(
     total_timesteps=10_000_000,

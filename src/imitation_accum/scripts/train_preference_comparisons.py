@@ -36,7 +36,6 @@ from imitation_accum.scripts import (
     atari_configs,
     config_checks,
     experiment,
-    gpu_configs,
     ingredients,
 )
 
@@ -120,7 +119,7 @@ atari_configs.add_named_configs(
     atari_configs.preference_config,
     atari_configs.preference_unwrapped_config,
 )
-gpu_configs.add_named_configs(train_preference_comparisons_ex)
+train_preference_comparisons_ex.add_named_config("gpu_bf16", atari_configs.GPU_BF16)
 
 
 def main_console() -> None:

@@ -56,7 +56,6 @@ from imitation_accum.scripts import (
     atari_configs,
     config_checks,
     experiment,
-    gpu_configs,
     ingredients,
     offline_data,
 )
@@ -147,7 +146,7 @@ for _name, _game in atari_configs.GAMES.items():
             "reward": atari_configs.reward(),
         },
     )
-gpu_configs.add_named_configs(train_reward_model_ex)
+train_reward_model_ex.add_named_config("gpu_bf16", atari_configs.GPU_BF16)
 
 
 def _check_config(
