@@ -50,13 +50,10 @@ from imitation.util import logger as imit_logger
 from sacred.observers import FileStorageObserver
 
 from imitation_accum import _validation, checkpoint, distributed
-from imitation_accum.engine import acceleration
-from imitation_accum.preference import arguments
 from imitation_accum.scripts import (
     atari_configs,
     config_checks,
     experiment,
-    ingredients,
     offline_data,
 )
 
@@ -149,6 +146,7 @@ for _name, _game in atari_configs.GAMES.items():
 train_reward_model_ex.add_named_config("gpu_bf16", atari_configs.GPU_BF16)
 
 
+@train_reward_model_ex.config_hook
 def _check_config(
     config: Dict[str, Any],
     command_name: str,
@@ -174,20 +172,13 @@ def _check_config(
     fraction = config["held_out_fraction"]
     if not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
         raise ValueError(f"held_out_fraction={fraction!r} must lie in [0, 1)")
-    kwargs = config["reward_trainer_kwargs"]
-    accepted = ingredients.accepted_keywords(
+    config_checks.check_reward_trainer_kwargs(
+        config["reward_trainer_kwargs"],
         distributed.DistributedRewardTrainer,
-        exclude=_SET_BY_EXPERIMENT,
+        _SET_BY_EXPERIMENT,
+        logger,
+        optimizer_by_name=True,
     )
-    key = "reward_trainer_kwargs"
-    ingredients.check_keywords(key, kwargs, accepted, "CrossEntropyRewardTrainer")
-    optimizer_cls = config_checks.optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
-    arguments.check_trainer_values(kwargs, f"{key}.", optimizer_cls)
-    config_checks.warn_budget_beyond_machine(
-        logger, f"{key}.memory_budget", kwargs.get("memory_budget")
-    )
-    _validation.positive_int(f"{key}.epochs", kwargs.get("epochs", 1))
-    acceleration.Acceleration.parse(kwargs.get("acceleration"), f"{key}.acceleration")
     config_checks.check_preference_model_kwargs(config["preference_model_kwargs"])
     _validation.non_negative_int("held_out_seed", config["held_out_seed"])
     interval = config["checkpoint_interval"]
@@ -205,10 +196,7 @@ def _check_config(
     return {}
 
 
-ingredients.add_hooks(
-    train_reward_model_ex,
-    [_check_config, ingredients.check_environment],
-)
+train_reward_model_ex.config_hook(config_checks.check_environment)
 
 
 def _regularizer_factory(
