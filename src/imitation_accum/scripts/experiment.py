@@ -10,6 +10,7 @@ and checks.
 
 import contextlib
 import copy
+import functools
 import logging
 import pathlib
 import re
@@ -44,19 +45,15 @@ class PatchedExperiment(sacred.Experiment):
     # (No __init__ of its own: sacred takes the experiment's docstring, main
     # file and sources from the frame that calls its constructor.)
 
-    @property
+    @functools.cached_property
     def alternatives(self) -> Dict[str, List[Tuple[str, ...]]]:
         """Section to groups of alternative keys (see :meth:`add_alternatives`)."""
-        if "_alternatives" not in vars(self):
-            self._alternatives: Dict[str, List[Tuple[str, ...]]] = {}
-        return self._alternatives
+        return {}
 
-    @property
+    @functools.cached_property
     def command_docs(self) -> Dict[str, str]:
         """Help of commands whose functions have no docstring (imitation's)."""
-        if "_command_docs" not in vars(self):
-            self._command_docs: Dict[str, str] = {}
-        return self._command_docs
+        return {}
 
     def add_alternatives(self, section: str, *names: str) -> None:
         """Declares the keys ``names`` of config ``section`` alternatives.
@@ -146,7 +143,7 @@ class PatchedExperiment(sacred.Experiment):
         with patched(), self._own_keys_quiet():
             return super().run(command_name, updates, named_configs, *args, **kwargs)
 
-    @property
+    @functools.cached_property
     def own_sections(self) -> List[str]:
         """Config sections whose every key this package's hooks check.
 
@@ -156,9 +153,7 @@ class PatchedExperiment(sacred.Experiment):
         hooks check each key (rejecting unknown ones with near matches), so the
         warning says nothing the user can act on and is left out.
         """
-        if "_own_sections" not in vars(self):
-            self._own_sections: List[str] = []
-        return self._own_sections
+        return []
 
     @contextlib.contextmanager
     def _own_keys_quiet(self) -> Iterator[None]:
