@@ -288,7 +288,7 @@ def _file_observer_dir(run: sacred.run.Run) -> Optional[pathlib.Path]:
     return None
 
 
-def main_console(ex: sacred.Experiment) -> None:
+def main_console(ex: sacred.Experiment, observe: bool = True) -> None:
     """Runs ``ex``'s command line, recording runs as imitation's scripts do.
 
     Runs are recorded (config, metrics, captured output) under
@@ -296,7 +296,9 @@ def main_console(ex: sacred.Experiment) -> None:
 
     Args:
         ex: The experiment.
+        observe: Whether to record the run (only rank 0 does under ``torchrun``).
     """
-    observer_path = pathlib.Path.cwd() / "output" / "sacred" / str(ex.path)
-    ex.observers.append(FileStorageObserver(observer_path))
+    if observe:
+        observer_path = pathlib.Path.cwd() / "output" / "sacred" / str(ex.path)
+        ex.observers.append(FileStorageObserver(observer_path))
     ex.run_commandline()
