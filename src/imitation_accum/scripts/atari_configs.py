@@ -79,18 +79,20 @@ ADVERSARIAL_DEFAULTS: Dict[str, Any] = dict(
 )
 
 
-def environment(game: str) -> Dict[str, Any]:
+def environment(game: str, raw: bool = False) -> Dict[str, Any]:
     """The environment, policy and agent configs for ``game``.
 
     Args:
         game: An ALE game name, such as ``"Pong"``.
+        raw: Whether to play seals' score-masked game on raw 210x160x3 ALE frames
+            (no frame skip, stack or resize; imitation issue #506) instead.
 
     Returns:
         ``environment``, ``policy`` and ``rl`` ingredient configs.
     """
     return dict(
         environment=dict(
-            gym_id=atari.env_id(game),
+            gym_id=f"seals/{game}NoFrameskip-v4" if raw else atari.env_id(game),
             max_episode_steps=atari.DEFAULT_HORIZON,
             num_vec=8,
         ),
@@ -174,24 +176,6 @@ def adversarial_config(game: str) -> Dict[str, Any]:
     )
 
 
-def unwrapped_environment() -> Dict[str, Any]:
-    """Pong on raw frames (imitation issue #506): the environment configs.
-
-    seals' score-masked Pong: raw 210x160x3 ALE frames, no frame skip, stack or
-    resize; a fixed horizon of 1,000 frames.
-
-    Returns:
-        ``environment``, ``policy`` and ``rl`` ingredient configs.
-    """
-    config = environment("Pong")
-    config["environment"] = dict(
-        gym_id="seals/PongNoFrameskip-v4",
-        max_episode_steps=atari.DEFAULT_HORIZON,
-        num_vec=8,
-    )
-    return config
-
-
 def preference_unwrapped_config() -> Dict[str, Any]:
     """``atari_pong_unwrapped``: the raw frames of imitation issue #506.
 
@@ -206,7 +190,7 @@ def preference_unwrapped_config() -> Dict[str, Any]:
         The named config.
     """
     return dict(
-        **unwrapped_environment(),
+        **environment("Pong", raw=True),
         reward=reward(),
         **{
             **PREFERENCE_DEFAULTS,
@@ -224,7 +208,7 @@ def adversarial_unwrapped_config() -> Dict[str, Any]:
         The named config.
     """
     return dict(
-        **unwrapped_environment(),
+        **environment("Pong", raw=True),
         reward=adversarial_reward(),
         **ADVERSARIAL_DEFAULTS,
     )
