@@ -148,37 +148,10 @@ def adversarial_reward() -> Dict[str, Any]:
     )
 
 
-def preference_config(game: str) -> Dict[str, Any]:
+def preference_config(game: str, raw: bool = False) -> Dict[str, Any]:
     """The ``atari_<game>`` named config of preference comparisons.
 
-    Args:
-        game: An ALE game name.
-
-    Returns:
-        The named config.
-    """
-    return dict(**environment(game), reward=reward(), **PREFERENCE_DEFAULTS)
-
-
-def adversarial_config(game: str) -> Dict[str, Any]:
-    """The ``atari_<game>`` named config of AIRL and GAIL.
-
-    Args:
-        game: An ALE game name.
-
-    Returns:
-        The named config.
-    """
-    return dict(
-        **environment(game),
-        reward=adversarial_reward(),
-        **ADVERSARIAL_DEFAULTS,
-    )
-
-
-def preference_unwrapped_config() -> Dict[str, Any]:
-    """``atari_pong_unwrapped``: the raw frames of imitation issue #506.
-
+    On raw frames (``atari_pong_unwrapped``, imitation issue #506),
     ``fragment_length=100`` and ``batch_size=30`` as in that issue. One pair's
     activations (2 x 100 transitions of imitation's default ``CnnRewardNet``) take
     1.68 GiB (8.59 MiB per transition, measured by counting the bytes autograd
@@ -186,29 +159,35 @@ def preference_unwrapped_config() -> Dict[str, Any]:
     dataset holds 2 x 101 x 100,800 bytes = 20.4 MB per pair: 300 pairs is
     6.1 GB of host memory.
 
-    Returns:
-        The named config.
-    """
-    return dict(
-        **environment("Pong", raw=True),
-        reward=reward(),
-        **{
-            **PREFERENCE_DEFAULTS,
-            "num_iterations": 400,  # 25k agent steps (2.5 GB of frames) per iteration
-            "comparison_queue_size": 300,
-            "reward_trainer_kwargs": dict(epochs=3, batch_size=30, minibatch_size=10),
-        },
-    )
-
-
-def adversarial_unwrapped_config() -> Dict[str, Any]:
-    """``atari_pong_unwrapped`` for AIRL and GAIL.
+    Args:
+        game: An ALE game name.
+        raw: Whether to play on raw frames (see :func:`environment`).
 
     Returns:
         The named config.
     """
+    config = dict(**environment(game, raw), reward=reward(), **PREFERENCE_DEFAULTS)
+    if raw:
+        config.update(
+            num_iterations=400,  # 25k agent steps (2.5 GB of frames) per iteration
+            comparison_queue_size=300,
+            reward_trainer_kwargs=dict(epochs=3, batch_size=30, minibatch_size=10),
+        )
+    return config
+
+
+def adversarial_config(game: str, raw: bool = False) -> Dict[str, Any]:
+    """The ``atari_<game>`` named config of AIRL and GAIL.
+
+    Args:
+        game: An ALE game name.
+        raw: Whether to play on raw frames (see :func:`environment`).
+
+    Returns:
+        The named config.
+    """
     return dict(
-        **environment("Pong", raw=True),
+        **environment(game, raw),
         reward=adversarial_reward(),
         **ADVERSARIAL_DEFAULTS,
     )
@@ -273,19 +252,18 @@ def host_memory_bytes(
 def add_named_configs(
     ex: Any,
     fast: Dict[str, Any],
-    game_config: Callable[[str], Dict[str, Any]],
-    unwrapped_config: Callable[[], Dict[str, Any]],
+    game_config: Callable[..., Dict[str, Any]],
 ) -> None:
     """Replaces imitation's ``fast`` named config and adds the Atari ones.
 
     Args:
         ex: The sacred experiment.
         fast: The ``fast`` config, imitation's extended.
-        game_config: The named config of a game (ALE name).
-        unwrapped_config: The config of ``atari_pong_unwrapped``.
+        game_config: The named config of a game (ALE name; ``raw=True``:
+            ``atari_pong_unwrapped``).
     """
     del ex.named_configs["fast"]
     ex.add_named_config("fast", fast)
     for name, game in GAMES.items():
         ex.add_named_config(name, game_config(game))
-    ex.add_named_config("atari_pong_unwrapped", unwrapped_config())
+    ex.add_named_config("atari_pong_unwrapped", game_config("Pong", raw=True))

@@ -55,7 +55,7 @@ class Preset:
 
 def _named_config(name: str) -> Dict[str, Any]:
     if name == "atari_pong_unwrapped":
-        return atari_configs.preference_unwrapped_config()
+        return atari_configs.preference_config("Pong", raw=True)
     return atari_configs.preference_config(atari_configs.GAMES[name])
 
 

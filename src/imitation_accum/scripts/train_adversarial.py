@@ -113,7 +113,6 @@ atari_configs.add_named_configs(
     train_adversarial_ex,
     FAST,
     atari_configs.adversarial_config,
-    atari_configs.adversarial_unwrapped_config,
 )
 
 

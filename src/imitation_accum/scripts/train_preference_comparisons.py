@@ -97,7 +97,6 @@ atari_configs.add_named_configs(
     train_preference_comparisons_ex,
     FAST,
     atari_configs.preference_config,
-    atari_configs.preference_unwrapped_config,
 )
 train_preference_comparisons_ex.add_named_config("gpu_bf16", atari_configs.GPU_BF16)
 
