@@ -201,42 +201,30 @@ train_reward_model_ex.config_hook(config_checks.check_environment)
 def _regularizer_factory(
     config: Mapping[str, Any],
 ) -> Optional[regularizers.RegularizerFactory]:
-    """Imitation's regularizer factory for the ``regularizer`` config.
+    """The imitation regularizer factory of the ``regularizer`` config, if any.
 
-    The keys are checked by :func:`config_checks.check_regularizer` in the
-    config hook, before anything is built.
-
-    Args:
-        config: The section (``kind``, ``initial_lambda``, ``p``,
-            ``scaling_factor``, ``tolerable_interval``, ``val_split``).
-
-    Returns:
-        An ``LpRegularizer`` or ``WeightDecayRegularizer`` factory, with an
-        ``IntervalParamScaler`` when ``scaling_factor`` is set; ``None`` when
-        ``kind`` is ``None``.
+    The keys are checked by :func:`config_checks.check_regularizer`.
     """
-    kind = config["kind"]
-    if kind is None:
+    if config["kind"] is None:
         return None
     updater = None
     val_split = None
     if config["scaling_factor"] is not None:
         updater = updaters.IntervalParamScaler(
-            config["scaling_factor"],
-            tuple(config["tolerable_interval"]),
+            config["scaling_factor"], tuple(config["tolerable_interval"])
         )
         val_split = float(config["val_split"])
-    if kind == "lp":
+    if config["kind"] == "lp":
         return regularizers.LpRegularizer.create(
             config["initial_lambda"],
             updater,
-            val_split=val_split,  # type: ignore[arg-type]
+            val_split,  # type: ignore[arg-type]
             p=config["p"],
         )
     return regularizers.WeightDecayRegularizer.create(
         config["initial_lambda"],
         updater,
-        val_split=val_split,  # type: ignore[arg-type]
+        val_split,  # type: ignore[arg-type]
     )
 
 
