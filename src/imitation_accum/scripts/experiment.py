@@ -1,11 +1,7 @@
 """imitation's sacred experiments, run with this package's trainers.
 
-:func:`derive` builds a new experiment from one of imitation's: the same ingredients,
-config scopes, named configs, config hooks, captured functions and commands (so
-every imitation config key and named config works, and imitation's own code runs),
-as a :class:`PatchedExperiment`, which configures and runs under
-:func:`imitation_accum.patched`. This package's experiments then add named configs
-and checks.
+:func:`derive` copies one of imitation's experiments as a :class:`PatchedExperiment`,
+to which this package's experiments add named configs and checks.
 """
 
 import contextlib
@@ -265,9 +261,10 @@ def _add_run_directory_hooks(ex: sacred.Experiment, training: Set[str]) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         save_config_file(_run.config, str(log_dir / "config.json"))
         _log.info(f"Run directory: {log_dir.resolve()}")
-        observer = _file_observer_dir(_run)
-        if observer is not None:
-            _log.info(f"Sacred run record: {observer.resolve()}")
+        for observer in _run.observers:
+            if isinstance(observer, FileStorageObserver) and observer.dir is not None:
+                _log.info(f"Sacred run record: {pathlib.Path(observer.dir).resolve()}")
+                break
 
     @ex.post_run_hook
     def report_run_directory(_run: sacred.run.Run, _log: logging.Logger) -> None:
@@ -279,13 +276,6 @@ def _add_run_directory_hooks(ex: sacred.Experiment, training: Set[str]) -> None:
             f"Done. Run directory: {log_dir} (reward nets under checkpoints/, "
             "logs under log/, the config in config.json)",
         )
-
-
-def _file_observer_dir(run: sacred.run.Run) -> Optional[pathlib.Path]:
-    for observer in run.observers:
-        if isinstance(observer, FileStorageObserver) and observer.dir is not None:
-            return pathlib.Path(observer.dir)
-    return None
 
 
 def main_console(ex: sacred.Experiment, observe: bool = True) -> None:
