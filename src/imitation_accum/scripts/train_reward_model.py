@@ -266,7 +266,7 @@ def _check_resumable(
             "checkpoint was trained on",
         )
     for key, value in metadata.items():
-        if key in ("dataset_path", "dataset_fingerprint"):  # a dataset may move
+        if key in ("dataset_fingerprint", "dataset_path"):  # above; a file may move
             continue
         if saved.get(key) != value:
             raise ValueError(
