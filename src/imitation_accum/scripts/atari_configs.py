@@ -9,17 +9,10 @@ of 32 channels at full resolution, then a global average pool), which reads the
 frames in the height-width-channel layout the environment gives; SB3 transposes
 them (``VecTransposeImage``) for the policy only.
 
-Host memory: observations stay uint8. The experiments keep preferences in the
-frame store (:class:`imitation_accum.PreferenceDataset`), which holds each
-distinct 84 x 84 frame once: ``2 x (fragment_length + 4)`` frames of 7,056 bytes
-per pair, 1.47 MB at ``fragment_length=100`` (imitation's own dataset holds
-``2 x (fragment_length + 1)`` stacks of 28,224 bytes, 5.7 MB), so all 5,000
-comparisons are kept (``docs/results/frame_store.md``: 6.8 GiB of resident memory
-measured for 5,000 such pairs of Pong frames). Raw 210x160x3 frames are not
-stacked: ``comparison_queue_size`` still bounds them. imitation's agent trainer
-also keeps every transition of an iteration's agent training until preferences
-are gathered (``total_timesteps / num_iterations`` observations). See
-:func:`host_memory_bytes`.
+Host memory: frames stay uint8 and the frame store
+(:class:`imitation_accum.PreferenceDataset`) keeps each distinct frame once, so all
+5,000 comparisons of an Atari run are kept; :func:`host_memory_bytes` computes what
+a run keeps, ``docs/sacred-and-atari.md`` explains the figures.
 
 ``gpu_bf16`` runs the preference trainer's reward net under ``torch.autocast`` in
 bfloat16 (Ampere or later); the accelerator options (``acceleration``) stay as
