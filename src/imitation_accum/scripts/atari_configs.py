@@ -1,4 +1,4 @@
-"""Named configs for Atari, shared by this package's experiments.
+"""Named configs shared by this package's experiments: Atari, and ``gpu_bf16``.
 
 Every game runs on ``imitation_accum/<Game>NoFrameskip-v4`` (see
 :mod:`imitation_accum.atari`): SB3's standard Atari preprocessing, 84x84 frames,
@@ -9,17 +9,14 @@ of 32 channels at full resolution, then a global average pool), which reads the
 frames in the height-width-channel layout the environment gives; SB3 transposes
 them (``VecTransposeImage``) for the policy only.
 
-Host memory: observations stay uint8. The experiments keep preferences in the
-frame store (:class:`imitation_accum.PreferenceDataset`), which holds each
-distinct 84 x 84 frame once: ``2 x (fragment_length + 4)`` frames of 7,056 bytes
-per pair, 1.47 MB at ``fragment_length=100`` (imitation's own dataset holds
-``2 x (fragment_length + 1)`` stacks of 28,224 bytes, 5.7 MB), so all 5,000
-comparisons are kept (``docs/results/frame_store.md``: 6.8 GiB of resident memory
-measured for 5,000 such pairs of Pong frames). Raw 210x160x3 frames are not
-stacked: ``comparison_queue_size`` still bounds them. imitation's agent trainer
-also keeps every transition of an iteration's agent training until preferences
-are gathered (``total_timesteps / num_iterations`` observations). See
-:func:`host_memory_bytes`.
+Host memory: frames stay uint8 and the frame store
+(:class:`imitation_accum.PreferenceDataset`) keeps each distinct frame once, so all
+5,000 comparisons of an Atari run are kept; :func:`host_memory_bytes` computes what
+a run keeps, ``docs/sacred-and-atari.md`` explains the figures.
+
+``gpu_bf16`` runs the preference trainer's reward net under ``torch.autocast`` in
+bfloat16 (Ampere or later); the accelerator options (``acceleration``) stay as
+configured, off by default, until they are measured on a device (``docs/gpu.md``).
 """
 
 from typing import Any, Callable, Dict
@@ -57,6 +54,11 @@ PREFERENCE_DEFAULTS: Dict[str, Any] = dict(
     ),
 )
 
+#: The preference trainer's arguments for a bfloat16 run on a GPU (``gpu_bf16``).
+GPU_BF16: Dict[str, Any] = {
+    "reward_trainer_kwargs": {"autocast_dtype": "bfloat16"},
+}
+
 ADVERSARIAL_DEFAULTS: Dict[str, Any] = dict(
     total_timesteps=10_000_000,
     algorithm_kwargs=dict(
@@ -70,18 +72,20 @@ ADVERSARIAL_DEFAULTS: Dict[str, Any] = dict(
 )
 
 
-def environment(game: str) -> Dict[str, Any]:
+def environment(game: str, raw: bool = False) -> Dict[str, Any]:
     """The environment, policy and agent configs for ``game``.
 
     Args:
         game: An ALE game name, such as ``"Pong"``.
+        raw: Whether to play seals' score-masked game on raw 210x160x3 ALE frames
+            (no frame skip, stack or resize; imitation issue #506) instead.
 
     Returns:
         ``environment``, ``policy`` and ``rl`` ingredient configs.
     """
     return dict(
         environment=dict(
-            gym_id=atari.env_id(game),
+            gym_id=f"seals/{game}NoFrameskip-v4" if raw else atari.env_id(game),
             max_episode_steps=atari.DEFAULT_HORIZON,
             num_vec=8,
         ),
@@ -137,55 +141,10 @@ def adversarial_reward() -> Dict[str, Any]:
     )
 
 
-def preference_config(game: str) -> Dict[str, Any]:
+def preference_config(game: str, raw: bool = False) -> Dict[str, Any]:
     """The ``atari_<game>`` named config of preference comparisons.
 
-    Args:
-        game: An ALE game name.
-
-    Returns:
-        The named config.
-    """
-    return dict(**environment(game), reward=reward(), **PREFERENCE_DEFAULTS)
-
-
-def adversarial_config(game: str) -> Dict[str, Any]:
-    """The ``atari_<game>`` named config of AIRL and GAIL.
-
-    Args:
-        game: An ALE game name.
-
-    Returns:
-        The named config.
-    """
-    return dict(
-        **environment(game),
-        reward=adversarial_reward(),
-        **ADVERSARIAL_DEFAULTS,
-    )
-
-
-def unwrapped_environment() -> Dict[str, Any]:
-    """Pong on raw frames (imitation issue #506): the environment configs.
-
-    seals' score-masked Pong: raw 210x160x3 ALE frames, no frame skip, stack or
-    resize; a fixed horizon of 1,000 frames.
-
-    Returns:
-        ``environment``, ``policy`` and ``rl`` ingredient configs.
-    """
-    config = environment("Pong")
-    config["environment"] = dict(
-        gym_id="seals/PongNoFrameskip-v4",
-        max_episode_steps=atari.DEFAULT_HORIZON,
-        num_vec=8,
-    )
-    return config
-
-
-def preference_unwrapped_config() -> Dict[str, Any]:
-    """``atari_pong_unwrapped``: the raw frames of imitation issue #506.
-
+    On raw frames (``atari_pong_unwrapped``, imitation issue #506),
     ``fragment_length=100`` and ``batch_size=30`` as in that issue. One pair's
     activations (2 x 100 transitions of imitation's default ``CnnRewardNet``) take
     1.68 GiB (8.59 MiB per transition, measured by counting the bytes autograd
@@ -193,29 +152,35 @@ def preference_unwrapped_config() -> Dict[str, Any]:
     dataset holds 2 x 101 x 100,800 bytes = 20.4 MB per pair: 300 pairs is
     6.1 GB of host memory.
 
-    Returns:
-        The named config.
-    """
-    return dict(
-        **unwrapped_environment(),
-        reward=reward(),
-        **{
-            **PREFERENCE_DEFAULTS,
-            "num_iterations": 400,  # 25k agent steps (2.5 GB of frames) per iteration
-            "comparison_queue_size": 300,
-            "reward_trainer_kwargs": dict(epochs=3, batch_size=30, minibatch_size=10),
-        },
-    )
-
-
-def adversarial_unwrapped_config() -> Dict[str, Any]:
-    """``atari_pong_unwrapped`` for AIRL and GAIL.
+    Args:
+        game: An ALE game name.
+        raw: Whether to play on raw frames (see :func:`environment`).
 
     Returns:
         The named config.
     """
+    config = dict(**environment(game, raw), reward=reward(), **PREFERENCE_DEFAULTS)
+    if raw:
+        config.update(
+            num_iterations=400,  # 25k agent steps (2.5 GB of frames) per iteration
+            comparison_queue_size=300,
+            reward_trainer_kwargs=dict(epochs=3, batch_size=30, minibatch_size=10),
+        )
+    return config
+
+
+def adversarial_config(game: str, raw: bool = False) -> Dict[str, Any]:
+    """The ``atari_<game>`` named config of AIRL and GAIL.
+
+    Args:
+        game: An ALE game name.
+        raw: Whether to play on raw frames (see :func:`environment`).
+
+    Returns:
+        The named config.
+    """
     return dict(
-        **unwrapped_environment(),
+        **environment(game, raw),
         reward=adversarial_reward(),
         **ADVERSARIAL_DEFAULTS,
     )
@@ -280,19 +245,18 @@ def host_memory_bytes(
 def add_named_configs(
     ex: Any,
     fast: Dict[str, Any],
-    game_config: Callable[[str], Dict[str, Any]],
-    unwrapped_config: Callable[[], Dict[str, Any]],
+    game_config: Callable[..., Dict[str, Any]],
 ) -> None:
     """Replaces imitation's ``fast`` named config and adds the Atari ones.
 
     Args:
         ex: The sacred experiment.
         fast: The ``fast`` config, imitation's extended.
-        game_config: The named config of a game (ALE name).
-        unwrapped_config: The config of ``atari_pong_unwrapped``.
+        game_config: The named config of a game (ALE name; ``raw=True``:
+            ``atari_pong_unwrapped``).
     """
     del ex.named_configs["fast"]
     ex.add_named_config("fast", fast)
     for name, game in GAMES.items():
         ex.add_named_config(name, game_config(game))
-    ex.add_named_config("atari_pong_unwrapped", unwrapped_config())
+    ex.add_named_config("atari_pong_unwrapped", game_config("Pong", raw=True))

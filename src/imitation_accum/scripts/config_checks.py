@@ -1,17 +1,23 @@
-"""Config checks shared by this package's experiments, run in sacred config hooks.
+"""Config checks of this package's experiments, run in sacred config hooks.
 
 Each check runs before the run directory, the sacred run record or imitation's
 logger exist, and names the full config key it rejects
 (``regularizer.initial_lambda``, ``reward.net_kwargs.hid_sizes``).
 """
 
+import difflib
+import inspect
 import math
-from typing import Any, Dict, Iterable, Mapping
+import pathlib
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
+import gymnasium as gym
 import torch as th
 from imitation.rewards import reward_nets
 
 from imitation_accum import _validation
+from imitation_accum.engine import acceleration
+from imitation_accum.envs import atari
 from imitation_accum.planning import budget
 from imitation_accum.preference import arguments
 
@@ -24,6 +30,134 @@ REGULARIZER_KEYS = (
     "tolerable_interval",
     "val_split",
 )
+
+
+def check_environment(
+    config: Dict[str, Any],
+    command_name: str,
+    logger: Any,
+) -> Dict[str, Any]:
+    """Config hook: the environment id exists and its horizon is valid.
+
+    Raises:
+        ValueError: naming ``environment.gym_id`` (with near matches) or
+            ``environment.max_episode_steps``.
+    """
+    del command_name, logger
+    env = config["environment"]
+    gym_id = env["gym_id"]
+    try:
+        gym.spec(gym_id)
+    except (gym.error.Error, ModuleNotFoundError) as error:
+        near = difflib.get_close_matches(gym_id, list(gym.registry), n=3, cutoff=0.8)
+        raise ValueError(atari.unknown_id_message(gym_id, near)) from error
+    _validation.optional_positive_int(
+        "environment.max_episode_steps",
+        env["max_episode_steps"],
+    )
+    return {}
+
+
+def check_demonstrations(
+    config: Dict[str, Any],
+    command_name: str,
+    logger: Any,
+) -> Dict[str, Any]:
+    """Config hook: local demonstrations name a file that exists.
+
+    Raises:
+        ValueError: naming ``demonstrations.source`` or ``demonstrations.path``.
+    """
+    del command_name, logger
+    demos = config["demonstrations"]
+    sources = ("local", "huggingface", "generated")
+    if demos["source"] not in sources:
+        raise ValueError(
+            f"demonstrations.source={demos['source']!r} must be one of {sources}",
+        )
+    if demos["source"] != "local":
+        return {}
+    path = demos["path"]
+    if path is None:
+        raise ValueError(
+            "demonstrations.source='local' needs demonstrations.path: trajectories "
+            "saved with imitation.data.serialize.save",
+        )
+    if not pathlib.Path(path).exists():
+        raise ValueError(f"demonstrations.path={path!r}: no such file or directory")
+    return {}
+
+
+def check_keywords(
+    key: str,
+    kwargs: Mapping[str, Any],
+    cls: type,
+    exclude: Iterable[str] = (),
+    target: Optional[str] = None,
+) -> None:
+    """Checks that every key of ``kwargs`` is a keyword argument of ``cls``.
+
+    Follows ``**kwargs`` up the method resolution order, as a constructor that
+    passes them on to its base class does.
+
+    Args:
+        key: The config key holding ``kwargs`` (such as ``reward_trainer_kwargs``).
+        kwargs: Its value.
+        cls: The class that receives them.
+        exclude: Arguments the experiment passes itself.
+        target: What receives them, for the message (default: ``cls``'s name).
+
+    Raises:
+        ValueError: naming the first unknown key, with near matches.
+    """
+    accepted: List[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        accepted += [
+            p.name
+            for p in params
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    excluded = set(exclude)
+    names = dict.fromkeys(name for name in accepted if name not in excluded)
+    _validation.known_names(key, kwargs, names, target or cls.__name__)
+
+
+def check_reward_trainer_kwargs(
+    kwargs: Mapping[str, Any],
+    trainer_cls: type,
+    exclude: Iterable[str],
+    logger: Any,
+    optimizer_by_name: bool = False,
+) -> None:
+    """Checks ``reward_trainer_kwargs``: the names and values of trainer arguments.
+
+    Args:
+        kwargs: The section.
+        trainer_cls: The trainer class the experiment builds.
+        exclude: Arguments the experiment passes itself.
+        logger: The config hook's logger (see :func:`warn_budget_beyond_machine`).
+        optimizer_by_name: Whether ``optimizer_cls`` is resolved by
+            :func:`optimizer_class` (``train_reward_model`` takes a name).
+
+    Raises:
+        ValueError: naming the first unknown or invalid
+            ``reward_trainer_kwargs.<key>``.
+    """
+    key = "reward_trainer_kwargs"
+    check_keywords(key, kwargs, trainer_cls, exclude, "CrossEntropyRewardTrainer")
+    optimizer_cls = None
+    if optimizer_by_name:
+        optimizer_cls = optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
+    arguments.check_trainer_values(kwargs, f"{key}.", optimizer_cls)
+    warn_budget_beyond_machine(
+        logger, f"{key}.memory_budget", kwargs.get("memory_budget")
+    )
+    acceleration.Acceleration.parse(kwargs.get("acceleration"), f"{key}.acceleration")
 
 
 def check_counts(config: Mapping[str, Any], keys: Iterable[str]) -> None:

@@ -1,15 +1,12 @@
 """imitation's sacred experiments, run with this package's trainers.
 
-:func:`derive` builds a new experiment from one of imitation's: the same ingredients,
-config scopes, named configs, config hooks, captured functions and commands (so
-every imitation config key and named config works, and imitation's own code runs),
-as a :class:`PatchedExperiment`, which configures and runs under
-:func:`imitation_accum.patched`. This package's experiments then add named configs
-and checks.
+:func:`derive` copies one of imitation's experiments as a :class:`PatchedExperiment`,
+to which this package's experiments add named configs and checks.
 """
 
 import contextlib
 import copy
+import functools
 import logging
 import pathlib
 import re
@@ -44,19 +41,15 @@ class PatchedExperiment(sacred.Experiment):
     # (No __init__ of its own: sacred takes the experiment's docstring, main
     # file and sources from the frame that calls its constructor.)
 
-    @property
+    @functools.cached_property
     def alternatives(self) -> Dict[str, List[Tuple[str, ...]]]:
         """Section to groups of alternative keys (see :meth:`add_alternatives`)."""
-        if "_alternatives" not in vars(self):
-            self._alternatives: Dict[str, List[Tuple[str, ...]]] = {}
-        return self._alternatives
+        return {}
 
-    @property
+    @functools.cached_property
     def command_docs(self) -> Dict[str, str]:
         """Help of commands whose functions have no docstring (imitation's)."""
-        if "_command_docs" not in vars(self):
-            self._command_docs: Dict[str, str] = {}
-        return self._command_docs
+        return {}
 
     def add_alternatives(self, section: str, *names: str) -> None:
         """Declares the keys ``names`` of config ``section`` alternatives.
@@ -146,7 +139,7 @@ class PatchedExperiment(sacred.Experiment):
         with patched(), self._own_keys_quiet():
             return super().run(command_name, updates, named_configs, *args, **kwargs)
 
-    @property
+    @functools.cached_property
     def own_sections(self) -> List[str]:
         """Config sections whose every key this package's hooks check.
 
@@ -156,9 +149,7 @@ class PatchedExperiment(sacred.Experiment):
         hooks check each key (rejecting unknown ones with near matches), so the
         warning says nothing the user can act on and is left out.
         """
-        if "_own_sections" not in vars(self):
-            self._own_sections: List[str] = []
-        return self._own_sections
+        return []
 
     @contextlib.contextmanager
     def _own_keys_quiet(self) -> Iterator[None]:
@@ -270,9 +261,10 @@ def _add_run_directory_hooks(ex: sacred.Experiment, training: Set[str]) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         save_config_file(_run.config, str(log_dir / "config.json"))
         _log.info(f"Run directory: {log_dir.resolve()}")
-        observer = _file_observer_dir(_run)
-        if observer is not None:
-            _log.info(f"Sacred run record: {observer.resolve()}")
+        for observer in _run.observers:
+            if isinstance(observer, FileStorageObserver) and observer.dir is not None:
+                _log.info(f"Sacred run record: {pathlib.Path(observer.dir).resolve()}")
+                break
 
     @ex.post_run_hook
     def report_run_directory(_run: sacred.run.Run, _log: logging.Logger) -> None:
@@ -286,14 +278,7 @@ def _add_run_directory_hooks(ex: sacred.Experiment, training: Set[str]) -> None:
         )
 
 
-def _file_observer_dir(run: sacred.run.Run) -> Optional[pathlib.Path]:
-    for observer in run.observers:
-        if isinstance(observer, FileStorageObserver) and observer.dir is not None:
-            return pathlib.Path(observer.dir)
-    return None
-
-
-def main_console(ex: sacred.Experiment) -> None:
+def main_console(ex: sacred.Experiment, observe: bool = True) -> None:
     """Runs ``ex``'s command line, recording runs as imitation's scripts do.
 
     Runs are recorded (config, metrics, captured output) under
@@ -301,7 +286,9 @@ def main_console(ex: sacred.Experiment) -> None:
 
     Args:
         ex: The experiment.
+        observe: Whether to record the run (only rank 0 does under ``torchrun``).
     """
-    observer_path = pathlib.Path.cwd() / "output" / "sacred" / str(ex.path)
-    ex.observers.append(FileStorageObserver(observer_path))
+    if observe:
+        observer_path = pathlib.Path.cwd() / "output" / "sacred" / str(ex.path)
+        ex.observers.append(FileStorageObserver(observer_path))
     ex.run_commandline()

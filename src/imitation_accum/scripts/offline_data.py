@@ -59,8 +59,7 @@ def load_preference_dataset(
             "once with python -m imitation_accum.scripts.convert_preferences "
             f"{path} OUT and train on OUT",
         )
-    dataset = read_imitation_pickle(source, f"dataset_path={path!r}")
-    return dataset
+    return read_imitation_pickle(source, f"dataset_path={path!r}")
 
 
 def split_held_out(

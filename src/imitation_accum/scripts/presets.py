@@ -55,7 +55,7 @@ class Preset:
 
 def _named_config(name: str) -> Dict[str, Any]:
     if name == "atari_pong_unwrapped":
-        return atari_configs.preference_unwrapped_config()
+        return atari_configs.preference_config("Pong", raw=True)
     return atari_configs.preference_config(atari_configs.GAMES[name])
 
 
@@ -138,17 +138,6 @@ def render(preset: Preset) -> str:
         return path.read_text() + "\n"
 
 
-def write(directory: pathlib.Path = CONFIGS_DIR) -> None:
-    """Writes every preset to ``directory/NAME.json``.
-
-    Args:
-        directory: The folder (the repository's ``configs/``).
-    """
-    directory.mkdir(exist_ok=True)
-    for name, preset in PRESETS.items():
-        (directory / f"{name}.json").write_text(render(preset))
-
-
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Rewrites the presets, or prints the README table with ``--table``.
 
@@ -178,7 +167,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 f"{preset.description} |",
             )
         return
-    write(args.dir)
+    args.dir.mkdir(exist_ok=True)
+    for name, preset in PRESETS.items():
+        (args.dir / f"{name}.json").write_text(render(preset))
     print(json.dumps(sorted(PRESETS)))
 
 

@@ -32,16 +32,11 @@ from imitation.scripts.train_adversarial import train_adversarial_ex as imitatio
 
 import imitation_accum
 from imitation_accum.adversarial import arguments
-from imitation_accum.scripts import (
-    atari_configs,
-    config_checks,
-    experiment,
-    ingredients,
-)
+from imitation_accum.scripts import atari_configs, config_checks, experiment
 
 train_adversarial_ex = experiment.derive(imitation_ex, doc=__doc__)
-ALGORITHMS_BY_NAME = ("airl", "gail")
-for _name in ALGORITHMS_BY_NAME:
+ALGORITHMS = {"airl": imitation_accum.AIRL, "gail": imitation_accum.GAIL}
+for _name in ALGORITHMS:
     train_adversarial_ex.command_docs[_name] = (
         f"Trains {_name.upper()} (imitation_accum.{_name.upper()}) on "
         "demonstrations: the generator with imitation's RL ingredient, the "
@@ -55,13 +50,15 @@ train_adversarial_ex.own_sections.extend(["algorithm_kwargs"])
 train_adversarial_ex.add_alternatives(
     "algorithm_kwargs", "demo_minibatch_size", "minibatch_size", "memory_budget"
 )
+train_adversarial_ex.config_hook(config_checks.check_environment)
+train_adversarial_ex.config_hook(config_checks.check_demonstrations)
 
-ALGORITHMS = {"airl": imitation_accum.AIRL, "gail": imitation_accum.GAIL}
 # Passed by imitation's script itself, or stripped by it before the constructor.
 _SCRIPT_ARGUMENTS = ("venv", "demonstrations", "gen_algo", "log_dir", "reward_net")
 _STRIPPED = ("shared", "airl", "gail")
 
 
+@train_adversarial_ex.config_hook
 def check_algorithm_kwargs(
     config: Dict[str, Any],
     command_name: str,
@@ -81,15 +78,11 @@ def check_algorithm_kwargs(
         **specific.get("algorithm_kwargs", {}),
     }
     kwargs = {k: v for k, v in kwargs.items() if k not in _STRIPPED}
-    accepted = ingredients.accepted_keywords(
-        algorithm,
-        exclude=(*_SCRIPT_ARGUMENTS, "custom_logger"),
-    )
-    ingredients.check_keywords(
+    config_checks.check_keywords(
         "algorithm_kwargs",
         kwargs,
-        accepted,
-        algorithm.__name__,
+        algorithm,
+        exclude=(*_SCRIPT_ARGUMENTS, "custom_logger"),
     )
     # The constructors' own checks, each message naming algorithm_kwargs.<key>.
     arguments.check_arguments(kwargs, "algorithm_kwargs.")
@@ -100,15 +93,6 @@ def check_algorithm_kwargs(
     config_checks.check_reward_ingredient(config, command_name)
     return {}
 
-
-ingredients.add_hooks(
-    train_adversarial_ex,
-    [
-        ingredients.check_environment,
-        ingredients.check_demonstrations,
-        check_algorithm_kwargs,
-    ],
-)
 
 FAST: Dict[str, Any] = dict(
     # imitation's `fast` for this experiment and its ingredients, in one.
@@ -129,7 +113,6 @@ atari_configs.add_named_configs(
     train_adversarial_ex,
     FAST,
     atari_configs.adversarial_config,
-    atari_configs.adversarial_unwrapped_config,
 )
 
 

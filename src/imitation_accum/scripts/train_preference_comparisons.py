@@ -30,15 +30,8 @@ from imitation.scripts.train_preference_comparisons import (
 
 import imitation_accum
 from imitation_accum import _validation
-from imitation_accum.engine import acceleration
 from imitation_accum.preference import arguments
-from imitation_accum.scripts import (
-    atari_configs,
-    config_checks,
-    experiment,
-    gpu_configs,
-    ingredients,
-)
+from imitation_accum.scripts import atari_configs, config_checks, experiment
 
 train_preference_comparisons_ex = experiment.derive(imitation_ex, doc=__doc__)
 train_preference_comparisons_ex.own_sections.extend(
@@ -47,6 +40,7 @@ train_preference_comparisons_ex.own_sections.extend(
 train_preference_comparisons_ex.add_alternatives(
     "reward_trainer_kwargs", "minibatch_size", "memory_budget"
 )
+train_preference_comparisons_ex.config_hook(config_checks.check_environment)
 
 _TRAINER_OWN_ARGUMENTS = ("preference_model", "loss", "rng", "custom_logger")
 #: Top-level keys that are positive whole numbers.
@@ -59,6 +53,7 @@ _COUNTS = (
 )
 
 
+@train_preference_comparisons_ex.config_hook
 def check_reward_trainer_kwargs(
     config: Dict[str, Any],
     command_name: str,
@@ -69,23 +64,12 @@ def check_reward_trainer_kwargs(
     Raises:
         ValueError: naming the unknown or invalid ``reward_trainer_kwargs.<key>``.
     """
-    kwargs = config["reward_trainer_kwargs"]
-    accepted = ingredients.accepted_keywords(
+    config_checks.check_reward_trainer_kwargs(
+        config["reward_trainer_kwargs"],
         imitation_accum.CrossEntropyRewardTrainer,
-        exclude=_TRAINER_OWN_ARGUMENTS,
+        _TRAINER_OWN_ARGUMENTS,
+        logger,
     )
-    ingredients.check_keywords(
-        "reward_trainer_kwargs",
-        kwargs,
-        accepted,
-        "CrossEntropyRewardTrainer",
-    )
-    arguments.check_trainer_values(kwargs, "reward_trainer_kwargs.")
-    config_checks.warn_budget_beyond_machine(
-        logger, "reward_trainer_kwargs.memory_budget", kwargs.get("memory_budget")
-    )
-    key = "reward_trainer_kwargs.acceleration"
-    acceleration.Acceleration.parse(kwargs.get("acceleration"), key)
     model_kwargs = config["preference_model_kwargs"]
     arguments.check_preference_model_values(model_kwargs, "preference_model_kwargs.")
     config_checks.check_counts(config, _COUNTS)
@@ -94,11 +78,6 @@ def check_reward_trainer_kwargs(
     config_checks.check_reward_ingredient(config, command_name)
     return {}
 
-
-ingredients.add_hooks(
-    train_preference_comparisons_ex,
-    [ingredients.check_environment, check_reward_trainer_kwargs],
-)
 
 FAST: Dict[str, Any] = dict(
     # imitation's `fast` for this experiment and its ingredients, in one.
@@ -118,9 +97,8 @@ atari_configs.add_named_configs(
     train_preference_comparisons_ex,
     FAST,
     atari_configs.preference_config,
-    atari_configs.preference_unwrapped_config,
 )
-gpu_configs.add_named_configs(train_preference_comparisons_ex)
+train_preference_comparisons_ex.add_named_config("gpu_bf16", atari_configs.GPU_BF16)
 
 
 def main_console() -> None:

@@ -47,17 +47,12 @@ from imitation.rewards import reward_nets
 from imitation.scripts.ingredients import environment, reward
 from imitation.scripts.ingredients import logging as logging_ingredient
 from imitation.util import logger as imit_logger
-from sacred.observers import FileStorageObserver
 
 from imitation_accum import _validation, checkpoint, distributed
-from imitation_accum.engine import acceleration
-from imitation_accum.preference import arguments
 from imitation_accum.scripts import (
     atari_configs,
     config_checks,
     experiment,
-    gpu_configs,
-    ingredients,
     offline_data,
 )
 
@@ -147,9 +142,10 @@ for _name, _game in atari_configs.GAMES.items():
             "reward": atari_configs.reward(),
         },
     )
-gpu_configs.add_named_configs(train_reward_model_ex)
+train_reward_model_ex.add_named_config("gpu_bf16", atari_configs.GPU_BF16)
 
 
+@train_reward_model_ex.config_hook
 def _check_config(
     config: Dict[str, Any],
     command_name: str,
@@ -175,20 +171,13 @@ def _check_config(
     fraction = config["held_out_fraction"]
     if not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
         raise ValueError(f"held_out_fraction={fraction!r} must lie in [0, 1)")
-    kwargs = config["reward_trainer_kwargs"]
-    accepted = ingredients.accepted_keywords(
+    config_checks.check_reward_trainer_kwargs(
+        config["reward_trainer_kwargs"],
         distributed.DistributedRewardTrainer,
-        exclude=_SET_BY_EXPERIMENT,
+        _SET_BY_EXPERIMENT,
+        logger,
+        optimizer_by_name=True,
     )
-    key = "reward_trainer_kwargs"
-    ingredients.check_keywords(key, kwargs, accepted, "CrossEntropyRewardTrainer")
-    optimizer_cls = config_checks.optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
-    arguments.check_trainer_values(kwargs, f"{key}.", optimizer_cls)
-    config_checks.warn_budget_beyond_machine(
-        logger, f"{key}.memory_budget", kwargs.get("memory_budget")
-    )
-    _validation.positive_int(f"{key}.epochs", kwargs.get("epochs", 1))
-    acceleration.Acceleration.parse(kwargs.get("acceleration"), f"{key}.acceleration")
     config_checks.check_preference_model_kwargs(config["preference_model_kwargs"])
     _validation.non_negative_int("held_out_seed", config["held_out_seed"])
     interval = config["checkpoint_interval"]
@@ -206,51 +195,36 @@ def _check_config(
     return {}
 
 
-ingredients.add_hooks(
-    train_reward_model_ex,
-    [_check_config, ingredients.check_environment],
-)
+train_reward_model_ex.config_hook(config_checks.check_environment)
 
 
 def _regularizer_factory(
     config: Mapping[str, Any],
 ) -> Optional[regularizers.RegularizerFactory]:
-    """Imitation's regularizer factory for the ``regularizer`` config.
+    """The imitation regularizer factory of the ``regularizer`` config, if any.
 
-    The keys are checked by :func:`config_checks.check_regularizer` in the
-    config hook, before anything is built.
-
-    Args:
-        config: The section (``kind``, ``initial_lambda``, ``p``,
-            ``scaling_factor``, ``tolerable_interval``, ``val_split``).
-
-    Returns:
-        An ``LpRegularizer`` or ``WeightDecayRegularizer`` factory, with an
-        ``IntervalParamScaler`` when ``scaling_factor`` is set; ``None`` when
-        ``kind`` is ``None``.
+    The keys are checked by :func:`config_checks.check_regularizer`.
     """
-    kind = config["kind"]
-    if kind is None:
+    if config["kind"] is None:
         return None
     updater = None
     val_split = None
     if config["scaling_factor"] is not None:
         updater = updaters.IntervalParamScaler(
-            config["scaling_factor"],
-            tuple(config["tolerable_interval"]),
+            config["scaling_factor"], tuple(config["tolerable_interval"])
         )
         val_split = float(config["val_split"])
-    if kind == "lp":
+    if config["kind"] == "lp":
         return regularizers.LpRegularizer.create(
             config["initial_lambda"],
             updater,
-            val_split=val_split,  # type: ignore[arg-type]
+            val_split,  # type: ignore[arg-type]
             p=config["p"],
         )
     return regularizers.WeightDecayRegularizer.create(
         config["initial_lambda"],
         updater,
-        val_split=val_split,  # type: ignore[arg-type]
+        val_split,  # type: ignore[arg-type]
     )
 
 
@@ -260,10 +234,6 @@ def _check_single_net(net: reward_nets.RewardNet) -> None:
             "reward.net_cls: train_reward_model trains a single reward net, not a "
             "RewardEnsemble; train each member as its own run",
         )
-
-
-#: Metadata kept for messages, not compared (a dataset may move).
-_DESCRIPTIVE = ("dataset_path",)
 
 
 def _check_resumable(
@@ -296,7 +266,7 @@ def _check_resumable(
             "checkpoint was trained on",
         )
     for key, value in metadata.items():
-        if key in _DESCRIPTIVE or key == "dataset_fingerprint":
+        if key in ("dataset_fingerprint", "dataset_path"):  # above; a file may move
             continue
         if saved.get(key) != value:
             raise ValueError(
@@ -385,93 +355,57 @@ def train_reward_model(
     Returns:
         Held-out figures per epoch and the paths of the saved files (rank 0).
     """
-    with distributed.distributed_session(
-        device, timeout_s=collective_timeout_s
-    ) as context:
-        return _train(
-            context,
-            dataset_path=dataset_path,
-            trust_pickle=trust_pickle,
-            held_out_fraction=held_out_fraction,
-            held_out_seed=held_out_seed,
-            preference_model_kwargs=preference_model_kwargs,
-            trainer_kwargs=reward_trainer_kwargs,
-            regularizer=regularizer,
-            checkpoint_interval=checkpoint_interval,
-            resume_from=resume_from,
-            environment_config=environment,
-            seed=_seed,
+    with contextlib.ExitStack() as stack:
+        context = stack.enter_context(
+            distributed.distributed_session(device, timeout_s=collective_timeout_s)
         )
-
-
-def _train(
-    context: distributed.DistributedContext,
-    *,
-    dataset_path: str,
-    trust_pickle: bool,
-    held_out_fraction: float,
-    held_out_seed: int,
-    preference_model_kwargs: Mapping[str, Any],
-    trainer_kwargs: Mapping[str, Any],
-    regularizer: Mapping[str, Any],
-    checkpoint_interval: int,
-    resume_from: Optional[str],
-    environment_config: Mapping[str, Any],
-    seed: int,
-) -> Mapping[str, Any]:
-    kwargs = dict(trainer_kwargs)
-    epochs = int(kwargs.pop("epochs", 1))
-    kwargs["optimizer_cls"] = config_checks.optimizer_class(
-        kwargs.get("optimizer_cls", "AdamW")
-    )
-    batch_size = int(kwargs.get("batch_size", 32))
-    distributed.check_batch_size(
-        "reward_trainer_kwargs.batch_size",
-        batch_size,
-        context.world_size,
-    )
-    seed = _agreed_seed(context, seed)
-    # A script's choice, as imitation's scripts make it: torch's global
-    # generator (the reward net's initial weights) is seeded from the run's seed.
-    th.manual_seed(seed)
-
-    dataset = offline_data.load_preference_dataset(dataset_path, trust_pickle)
-    spaces = offline_data.environment_spaces(environment_config)
-    offline_data.check_dataset(
-        dataset, spaces, dataset_path, environment_config["gym_id"]
-    )
-    data_fingerprint = offline_data.same_data_on_every_rank(
-        context, dataset, dataset_path
-    )
-    train_idx, held_out_idx = offline_data.split_held_out(
-        len(dataset),
-        held_out_fraction,
-        held_out_seed,
-    )
-    if len(train_idx) < batch_size:
-        raise ValueError(
-            f"dataset_path={dataset_path!r} has {len(dataset)} pairs; after holding "
-            f"out {len(held_out_idx)} (held_out_fraction={held_out_fraction}), "
-            f"{len(train_idx)} remain for training, fewer than one batch "
-            f"(reward_trainer_kwargs.batch_size={batch_size})",
+        kwargs = dict(reward_trainer_kwargs)
+        epochs = int(kwargs.pop("epochs", 1))
+        kwargs["optimizer_cls"] = config_checks.optimizer_class(
+            kwargs.get("optimizer_cls", "AdamW")
         )
-    metadata = {
-        "dataset_pairs": len(dataset),
-        "held_out_split": offline_data.split_digest(held_out_idx),
-        "dataset_fingerprint": data_fingerprint,
-        "dataset_path": str(dataset_path),
-    }
+        batch_size = int(kwargs.get("batch_size", 32))
+        distributed.check_batch_size(
+            "reward_trainer_kwargs.batch_size", batch_size, context.world_size
+        )
+        seed = _agreed_seed(context, _seed)
+        # A script's choice, as imitation's scripts make it: torch's global
+        # generator (the reward net's initial weights) is seeded from the run's seed.
+        th.manual_seed(seed)
 
-    net = reward.make_reward_net(spaces)
-    _check_single_net(net)
-    state = None
-    if resume_from is not None:
-        state = checkpoint.load_training_state(resume_from)
-        checkpoint.check_fits(state, net, resume_from)
-        _check_resumable(state, metadata, resume_from)
-    net = net.to(context.device)
+        dataset = offline_data.load_preference_dataset(dataset_path, trust_pickle)
+        spaces = offline_data.environment_spaces(environment)
+        offline_data.check_dataset(dataset, spaces, dataset_path, environment["gym_id"])
+        data_fingerprint = offline_data.same_data_on_every_rank(
+            context, dataset, dataset_path
+        )
+        train_idx, held_out_idx = offline_data.split_held_out(
+            len(dataset), held_out_fraction, held_out_seed
+        )
+        if len(train_idx) < batch_size:
+            raise ValueError(
+                f"dataset_path={dataset_path!r} has {len(dataset)} pairs; after "
+                f"holding out {len(held_out_idx)} (held_out_fraction="
+                f"{held_out_fraction}), {len(train_idx)} remain for training, fewer "
+                f"than one batch (reward_trainer_kwargs.batch_size={batch_size})",
+            )
+        metadata = {
+            "dataset_pairs": len(dataset),
+            "held_out_split": offline_data.split_digest(held_out_idx),
+            "dataset_fingerprint": data_fingerprint,
+            "dataset_path": str(dataset_path),
+        }
 
-    with _run_logger(context) as (custom_logger, log_dir):
+        net = reward.make_reward_net(spaces)
+        _check_single_net(net)
+        state = None
+        if resume_from is not None:
+            state = checkpoint.load_training_state(resume_from)
+            checkpoint.check_fits(state, net, resume_from)
+            _check_resumable(state, metadata, resume_from)
+        net = net.to(context.device)
+
+        custom_logger, log_dir = stack.enter_context(_run_logger(context))
         trainer = distributed.DistributedRewardTrainer(
             pc.PreferenceModel(net, **preference_model_kwargs),
             pc.CrossEntropyRewardLoss(),
@@ -487,7 +421,7 @@ def _train(
             checkpoint.restore_state(trainer, state, resume_from)
             first_epoch = state.epoch
             custom_logger.log(f"Resuming from {resume_from} after epoch {first_epoch}")
-            _apply_configured_optimizer(trainer, trainer_kwargs, custom_logger)
+            _apply_configured_optimizer(trainer, reward_trainer_kwargs, custom_logger)
 
         checkpoint_dir = None if log_dir is None else log_dir / "checkpoints"
         state_path = None
@@ -498,9 +432,7 @@ def _train(
         def save_state(epoch: int) -> None:
             if state_path is not None:
                 captured = checkpoint.capture_state(
-                    trainer,
-                    epoch=epoch,
-                    metadata=metadata,
+                    trainer, epoch=epoch, metadata=metadata
                 )
                 checkpoint.save_training_state(captured, state_path)
 
@@ -537,24 +469,17 @@ def _train(
         return results
 
 
-def _exit_on_sigterm() -> None:
-    # torchrun stops the other ranks with SIGTERM when one fails; exiting through
-    # SystemExit runs the cleanup of an atomic write that is under way.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-
-
 def main_console() -> None:
     """Command-line entry point; under ``torchrun`` only rank 0 observes the run."""
     rank = int(os.environ.get("RANK", "0"))
-    if rank == 0:
-        observer_path = pathlib.Path.cwd() / "output" / "sacred" / "train_reward_model"
-        train_reward_model_ex.observers.append(FileStorageObserver(observer_path))
-    else:
+    if rank != 0:
         quiet = logging.getLogger(f"train_reward_model.rank{rank}")
         quiet.setLevel(logging.WARNING)
         train_reward_model_ex.logger = quiet  # type: ignore[assignment]
-    _exit_on_sigterm()
-    train_reward_model_ex.run_commandline()
+    # torchrun stops the other ranks with SIGTERM when one fails; exiting through
+    # SystemExit runs the cleanup of an atomic write that is under way.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    experiment.main_console(train_reward_model_ex, observe=rank == 0)
 
 
 if __name__ == "__main__":  # pragma: no cover
