@@ -143,6 +143,8 @@ def assert_png(path: pathlib.Path, script: str) -> None:
 
 
 def digests() -> Dict[str, str]:
+    if not COMMITTED.is_dir():  # no table committed at this version
+        return {}
     return {
         p.name: hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(COMMITTED.iterdir())
