@@ -18,7 +18,7 @@ from imitation.rewards.reward_nets import BasicRewardNet
 from imitation.util import logger as imit_logger
 
 from imitation_accum import Acceleration
-from imitation_accum.engine import host_memory
+from imitation_accum.engine import acceleration, host_memory
 from tests import reference as ref
 from tests.test_preference_exactness import make_trainer
 
@@ -117,6 +117,17 @@ def main():
         out["after_context_error"] = freed_memory_kept()
     with host_memory.kept_for_reuse(enabled=False) as tuned:
         out["context_disabled"] = (tuned, freed_memory_kept())
+    # The options applied to a net: malloc tuned for a net on the CPU (or one
+    # without parameters), left alone for a net elsewhere (here: the meta device).
+    for name, module in [
+        ("cpu_net", BasicRewardNet(ref.OBS_SPACE, ref.ACT_SPACE)),
+        ("parameterless_net", th.nn.Module()),
+        ("meta_net", BasicRewardNet(ref.OBS_SPACE, ref.ACT_SPACE).to("meta")),
+    ]:
+        with acceleration.maybe_applied(Acceleration(), module):
+            out[f"applied_{name}"] = freed_memory_kept()
+        with acceleration.maybe_applied(Acceleration(reuse_host_memory=False), module):
+            out[f"applied_opted_out_{name}"] = freed_memory_kept()
     if th.cuda.is_available():  # a net off the CPU: malloc left alone
         out["train_on_cuda"] = train_readings(device="cuda")[0]
     # The process's environment tunes malloc: the package leaves it alone.

@@ -9,12 +9,9 @@ import textwrap
 
 import pytest
 import torch as th
-from imitation.rewards.reward_nets import BasicRewardNet
 
 from imitation_accum import Acceleration
-from imitation_accum.engine import acceleration as acceleration_module
 from imitation_accum.engine import host_memory
-from tests import reference as ref
 
 
 def _has_mallinfo2():
@@ -110,16 +107,12 @@ def test_left_alone_for_a_net_on_cuda(readings):
     assert not any(readings["train_on_cuda"])
 
 
-def test_not_for_a_net_off_the_cpu(monkeypatch):
-    net = BasicRewardNet(ref.OBS_SPACE, ref.ACT_SPACE)
-    monkeypatch.setattr(acceleration_module, "_on_cpu", lambda module: False)
-    assert isinstance(
-        acceleration_module.maybe_applied(Acceleration(), net),
-        type(acceleration_module.contextlib.nullcontext()),
-    )
-    monkeypatch.undo()
-    assert acceleration_module._on_cpu(net)
-    assert acceleration_module._on_cpu(th.nn.Module())  # no parameters
+def test_applied_for_a_net_on_the_cpu_only(readings):
+    assert readings["applied_cpu_net"] is True
+    assert readings["applied_parameterless_net"] is True
+    assert readings["applied_meta_net"] is False
+    for net in ("cpu_net", "parameterless_net", "meta_net"):
+        assert readings[f"applied_opted_out_{net}"] is False, net
 
 
 def test_option_parsed_from_a_config_mapping():

@@ -1,40 +1,8 @@
 """The accumulate-then-step loop shared by every trainer of the package.
 
-One optimizer step sees a *batch* of items (fragment pairs, or transitions); the
-batch is cut into *chunks* and each chunk runs one forward/backward. The loss of a
-chunk is the **sum** of its items' losses divided by the number of items in the
-batch, so that uneven chunks are weighted by their size and the accumulated gradient
-is the full-batch gradient, whatever the split. Everything that must happen once
-per batch happens after the last chunk: the regularizer, clipping, the optimizer
-step. A step that fails leaves no trace.
-
-The engine knows nothing about fragments or discriminators: a task supplies the
-forward of a chunk and the loss of a chunk's outputs (see :class:`AccumulationTask`),
-in calls of at most the plan's ``forward_size`` transitions. Data flows one way: a
-task returns what it computes and never keeps state from one call to the next.
-
-**Two-pass steps.** When even one item does not fit in memory (a pair of long
-fragments of large frames), the planner cuts the batch into chunks that split
-items and says so in the step plan (see :class:`TwoPassTask`). Pass 1 runs every
-chunk without gradient and adds up each item's per-group sums (a fragment's
-return); the loss and its gradient with respect to those sums are computed once,
-over the whole batch (:meth:`GradientAccumulator._loss_of_sums`); pass 2 re-runs
-each chunk with gradient and backpropagates ``partial_sums . d loss / d sums``,
-which by the chain rule accumulates exactly the full-batch gradient. The torch RNG
-is rewound between the passes, so both draw the same dropout masks (the passes
-make the same net calls with the same shapes), and both normalize with the same
-replayed ``RunningNorm``/``EMANorm`` statistics (the pre-pass always runs).
-
-**Precision and checkpointing.** :meth:`GradientAccumulator.configure` sets an
-autocast dtype for every reward-net forward (float16 brings a ``GradScaler``: each
-chunk's loss is scaled, and unscaling, clipping, the step and the scale update
-happen once per batch; a step with overflowing gradients is skipped and counted)
-and activation checkpointing of CNN reward nets (both in
-:mod:`imitation_accum.engine.acceleration`).
-
-**Scale-out.** The parts of a step that a process group shares (the two-pass loss,
-backward, sums of figures, norm moments) are methods that the distributed engine
-(:mod:`imitation_accum.distributed.engine`) overrides; here they run in one process.
+A task computes each chunk's outputs and loss; the engine runs a step plan's chunks
+in one or two passes, divides each chunk's summed loss by the batch's item count,
+and does everything that happens once per batch after the last chunk.
 """
 
 import contextlib
@@ -77,28 +45,22 @@ class ChunkLoss(NamedTuple):
     item_losses: th.Tensor
     """The per-item losses, detached."""
     metric_sums: Mapping[str, th.Tensor]
-    """Detached metrics summed over the chunk's items (divided by the batch's
-    item count to give full-batch means)."""
+    """Detached metrics summed over the chunk's items."""
     item_outputs: Optional[th.Tensor] = None
     """Detached per-item outputs the caller wants back (discriminator logits)."""
 
 
 class AccumulationTask(Protocol[ChunkT_contra]):
-    """The model-specific half of a step: what a chunk computes.
-
-    ``metric_names`` are the keys of its ``metric_sums``, so that a process with
-    no items in a step still reports them.
-    """
+    """The model-specific half of a step: what a chunk computes."""
 
     @property
     def metric_names(self) -> Sequence[str]:
-        """The keys of the task's ``metric_sums``."""
+        """The keys of ``metric_sums`` (reported even by a process without items)."""
 
     def forward(self, chunk: ChunkT_contra, forward_size: int) -> Any:
         """Runs ``chunk`` through the net in calls of at most ``forward_size``.
 
-        Returns a tensor, or several in a tuple-like with ``float()`` (one per
-        side of a pair chunk); the engine only casts it to float32 for the loss.
+        Returns a tensor, or a tuple-like of them with ``float()`` (one per side).
         """
 
     def loss(self, chunk: ChunkT_contra, outputs: Any) -> ChunkLoss:
@@ -108,20 +70,18 @@ class AccumulationTask(Protocol[ChunkT_contra]):
 class TwoPassTask(AccumulationTask[ChunkT_contra], Protocol):
     """A task whose chunks may split items: the two-pass method.
 
-    Each item's loss must depend on the outputs only through per-group sums that
-    are linear in the outputs (a fragment's discounted return).
+    Pass 1 runs every chunk without gradient and adds up each item's group sums
+    (a fragment's return, linear in the outputs); the loss and its gradient with
+    respect to the sums are computed once; pass 2 re-runs each chunk with gradient
+    and backpropagates ``partial_sums . d loss / d sums``. The RNG is rewound
+    between the passes, so both draw the same dropout masks.
     """
 
     def partial_sums(self, chunk: ChunkT_contra, outputs: th.Tensor) -> th.Tensor:
-        """The chunk's contribution to every group sum of the batch.
-
-        Linear in ``outputs``; the contributions of all chunks add up to the sums.
-        """
+        """The chunk's contribution (linear in ``outputs``) to every group sum."""
 
     def loss_of_sums(
-        self,
-        chunks: Sequence[ChunkT_contra],
-        sums: th.Tensor,
+        self, chunks: Sequence[ChunkT_contra], sums: th.Tensor
     ) -> ChunkLoss:
         """The loss of every item of the batch, from all its group sums."""
 
@@ -143,7 +103,6 @@ class StepResult:
     seconds: float
     peak_memory_bytes: int
     two_pass: bool = False
-    """Whether the step ran in two passes (chunks that split items)."""
     skipped: bool = False
     """float16 only: the scaled gradients overflowed and the step was skipped."""
     loss_scale: Optional[float] = None
@@ -164,27 +123,31 @@ class EvaluationResult:
 class GradientAccumulator(Generic[ChunkT]):
     """Accumulates gradients over chunks and steps once per batch.
 
+    Each chunk's loss is the sum of its items' losses divided by the batch's item
+    count, so the accumulated gradient is the full-batch gradient whatever the
+    split. The regularizer, clipping and the optimizer step run once, after the
+    last chunk; a step that fails leaves no trace. The methods a process group
+    shares (``_chunk_context``, ``_backward``, ``_global_sum``,
+    ``_join_without_items``, ``_all_reduce_moments``) are overridden by the
+    distributed engine.
+
     Args:
         net: The reward net every reward-net call invokes; its
             ``RunningNorm``/``EMANorm`` layers get full-batch statistics.
         optimizer: The optimizer to step once per batch.
-        regularizer: imitation regularizer applied once per step, after the last
-            chunk (``regularize_and_backward`` is called with the batch's loss).
+        regularizer: imitation regularizer, applied once per step.
         max_grad_norm: If given, the total gradient norm is clipped to it once per
             step.
         autocast_dtype: Run reward-net forwards under ``torch.autocast`` in this
             dtype (see :meth:`configure`).
-        activation_checkpointing: Checkpoint the CNN stacks of the net (see
-            :meth:`configure`).
+        activation_checkpointing: Checkpoint the CNN stacks of the net.
 
     Raises:
         ValueError: if ``net`` holds a layer that couples the items of a batch.
 
     Example:
         >>> engine = GradientAccumulator(net, optimizer)  # doctest: +SKIP
-        >>> result = engine.step(  # doctest: +SKIP
-        ...     task, chunks, plan=plan, n_items=32
-        ... )
+        >>> result = engine.step(task, chunks, plan=plan, n_items=32)  # doctest: +SKIP
         >>> result.loss, result.grad_norm  # doctest: +SKIP
     """
 
@@ -204,8 +167,6 @@ class GradientAccumulator(Generic[ChunkT]):
         self.max_grad_norm = max_grad_norm
         self.norms = norm_replay.NormReplay(net)
         self.n_steps = 0
-        self.n_skipped_steps = 0
-        self._device: Optional[th.device] = None
         self.configure(
             autocast_dtype=autocast_dtype,
             activation_checkpointing=activation_checkpointing,
@@ -221,12 +182,11 @@ class GradientAccumulator(Generic[ChunkT]):
 
         Args:
             autocast_dtype: ``None`` (full precision), ``torch.bfloat16`` or
-                ``torch.float16``; every reward-net forward of a step (the norm
-                pre-pass, both passes of a two-pass step, evaluation) runs under
-                ``torch.autocast`` in it. float16 adds a ``GradScaler``.
-            activation_checkpointing: Run the convolution stacks of the net's CNN
-                reward nets under non-reentrant checkpointing in forwards with
-                gradient.
+                ``torch.float16``: every reward-net forward of a step runs under
+                ``torch.autocast`` in it; float16 adds a ``GradScaler`` (losses
+                scaled per chunk; unscale, clip, step and update once per batch).
+            activation_checkpointing: Run the net's CNN stacks under
+                non-reentrant checkpointing in forwards with gradient.
 
         Raises:
             ValueError: if checkpointing is asked for and the net has no CNN stack.
@@ -240,37 +200,21 @@ class GradientAccumulator(Generic[ChunkT]):
             self.checkpointed = acceleration.checkpointable_cnns(self.net)
 
     def forward_context(self, *, grad: bool) -> contextlib.AbstractContextManager:
-        """Context for reward-net forwards: autocast, and checkpointing with grad.
-
-        Args:
-            grad: Whether the forward records a graph for a backward.
-
-        Returns:
-            The context manager.
-        """
-        if self.autocast_dtype is None and not (grad and self.checkpointed):
-            return contextlib.nullcontext()  # the common case, once per chunk
+        """Context for reward-net forwards: autocast, and checkpointing if ``grad``."""
         stack = contextlib.ExitStack()
         if self.autocast_dtype is not None:
             stack.enter_context(
-                th.autocast(self.device.type, dtype=self.autocast_dtype),
+                th.autocast(self.device.type, dtype=self.autocast_dtype)
             )
         if grad and self.checkpointed:
             stack.enter_context(acceleration.checkpointing(self.checkpointed))
         return stack
 
     def measuring(self, *, checkpointing: bool = True) -> contextlib.ExitStack:
-        """Context of timing and probing calls of the net.
+        """Context of probing calls: as a step's forwards, but leaving no trace.
 
-        They leave no trace on the RNG or the norm statistics, and run as a step's
-        forwards run: under autocast, and checkpointed unless ``checkpointing``
-        is false.
-
-        Args:
-            checkpointing: Whether to checkpoint as forwards with gradient do.
-
-        Returns:
-            The context manager.
+        The RNG and norm statistics are left alone; autocast applies as in a step,
+        and checkpointing as in forwards with gradient if ``checkpointing``.
         """
         stack = contextlib.ExitStack()
         stack.enter_context(forked_rng(self.device))
@@ -285,13 +229,8 @@ class GradientAccumulator(Generic[ChunkT]):
 
     @property
     def device(self) -> th.device:
-        """The device of the net's parameters (read once per step)."""
-        if self._device is None:
-            self._device = next(
-                (p.device for p in self.net.parameters()),
-                th.device("cpu"),
-            )
-        return self._device
+        """The device of the net's parameters."""
+        return next((p.device for p in self.net.parameters()), th.device("cpu"))
 
     def step(
         self,
@@ -307,25 +246,23 @@ class GradientAccumulator(Generic[ChunkT]):
             task: Computes each chunk's outputs and loss.
             chunks: The batch, cut as ``plan`` says: chunks of whole items (one
                 pass), or of transitions that may split items (two passes).
-            plan: The planner's plan of the step: passes, transitions per
-                reward-net call, and the calls in all (with a single call, norm
-                layers update themselves, as in the reference forward).
+            plan: The step's plan: passes, transitions per reward-net call, and the
+                calls in all (with a single call, norm layers update themselves).
             n_items: Items in the whole batch (the loss divisor).
 
         Returns:
             The step's full-batch figures.
 
         Raises:
-            FloatingPointError: if the loss or the gradient is not finite; the
-                parameters, norm buffers, optimizer state and torch RNG state are
-                then as they were before the step (so are they after any other
-                error, such as ``torch.cuda.OutOfMemoryError``, raised before the
-                optimizer steps: the step can be redone).
+            FloatingPointError: if the loss or the gradient is not finite. After
+                this or any other error raised before the optimizer steps (such as
+                ``torch.OutOfMemoryError``), parameters, norm buffers, optimizer
+                and scaler state and the torch RNG are as before the step.
         """
-        self._device = None  # the net may have moved since the last step
         device = self.device
         start = time.perf_counter()
-        reset_peak_memory(device)
+        if device.type == "cuda":
+            th.cuda.reset_peak_memory_stats(device)
         self.optimizer.zero_grad(set_to_none=True)
         norm_snapshot = self.norms.snapshot()
         rng_snapshot = RngState(device)
@@ -356,26 +293,20 @@ class GradientAccumulator(Generic[ChunkT]):
         plan: StepPlan,
         n_items: int,
     ) -> StepResult:
-        two_pass = plan.two_pass
         stats = None
         # Two passes would each update the norm layers: always replay instead.
-        if self.norms.active and (plan.net_calls > 1 or two_pass):
+        if self.norms.active and (plan.net_calls > 1 or plan.two_pass):
             stats = self._gather_norm_statistics(task, chunks, plan.forward_size)
-        replay = self.norms.replaying(stats) if stats else contextlib.nullcontext()
-        with replay:
-            if two_pass:
-                outs = self._two_pass(
-                    task,  # type: ignore[arg-type]
-                    chunks,
-                    n_items,
-                    plan.forward_size,
-                )
+        with self.norms.replaying(stats) if stats else contextlib.nullcontext():
+            if plan.two_pass:
+                outs = self._two_pass(task, chunks, n_items, plan.forward_size)  # type: ignore[arg-type]
             else:
                 outs = self._one_pass(task, chunks, n_items, plan.forward_size)
-        loss_sums = [out.loss_sum.detach() for out in outs]
         if not chunks:
             self._join_without_items()
-        losses = th.stack(loss_sums) if loss_sums else th.zeros(0, device=self.device)
+        losses = (
+            th.stack([out.loss_sum.detach() for out in outs]) if outs else th.zeros(0)
+        )
         total = float(self._global_sum(losses.sum()))
         if not np.isfinite(total):
             if not th.isfinite(losses).all():
@@ -384,29 +315,33 @@ class GradientAccumulator(Generic[ChunkT]):
                 bad = "another process's minibatch"
             raise FloatingPointError(
                 f"non-finite loss at step {self.n_steps} in {bad} of "
-                f"{len(chunks)}; the step was discarded",
+                f"{len(chunks)}; the step was discarded"
             )
         overflow = False
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
             self._scaler_pending = True
             overflow = not bool(th.isfinite(total_norm(self.params)))
-        elif self.regularizer is not None:
-            self._check_finite_grads(len(chunks))
+        elif self.regularizer is not None and not th.isfinite(total_norm(self.params)):
+            raise FloatingPointError(
+                f"non-finite gradient at step {self.n_steps} after {len(chunks)} "
+                "minibatches; the step was discarded"
+            )
         if stats is not None:
             self.norms.commit(stats)
         mean_loss = total / n_items
         if overflow:
-            # The scaled gradients overflowed: GradScaler skips the step and
-            # lowers the scale; the regularizer and clipping are skipped with it.
+            # GradScaler skips the step and lowers the scale; so are the
+            # regularizer and clipping skipped.
             grad_norm = float(total_norm(self.params))
         else:
-            self._regularize(mean_loss)
+            if self.regularizer is not None:
+                regularize(self.regularizer, self.params, mean_loss, self.device)
             grad_norm = self._clip_and_measure()
             if not np.isfinite(grad_norm):
                 raise FloatingPointError(
                     f"non-finite gradient norm at step {self.n_steps} after "
-                    f"{len(chunks)} minibatches; the step was discarded",
+                    f"{len(chunks)} minibatches; the step was discarded"
                 )
         loss_scale = None
         if self.scaler is not None:
@@ -414,22 +349,24 @@ class GradientAccumulator(Generic[ChunkT]):
             self.scaler.update()
             self._scaler_pending = False
             loss_scale = float(self.scaler.get_scale())
-            self.n_skipped_steps += int(overflow)
         else:
             self.optimizer.step()
+        item_outputs = [
+            out.item_outputs for out in outs if out.item_outputs is not None
+        ]
         return StepResult(
             loss=mean_loss,
             item_losses=_item_losses(outs),
-            metrics=self._global_means(_metric_sums(outs), task.metric_names, n_items),
+            metrics=self._global_means(outs, task.metric_names, n_items),
             grad_norm=grad_norm,
             n_items=n_items,
             n_minibatches=len(chunks),
             seconds=0.0,
             peak_memory_bytes=0,
-            two_pass=two_pass,
+            two_pass=plan.two_pass,
             skipped=overflow,
             loss_scale=loss_scale,
-            item_outputs=_item_outputs(outs),
+            item_outputs=th.cat(item_outputs) if item_outputs else None,
         )
 
     def _one_pass(
@@ -439,7 +376,6 @@ class GradientAccumulator(Generic[ChunkT]):
         n_items: int,
         forward_size: int,
     ) -> List[ChunkLoss]:
-        """Forward, loss and backward of each chunk in turn (chunks of whole items)."""
         outs = []
         for index, chunk in enumerate(chunks):
             with self._chunk_context(index, len(chunks)):
@@ -457,19 +393,15 @@ class GradientAccumulator(Generic[ChunkT]):
         n_items: int,
         forward_size: int,
     ) -> List[ChunkLoss]:
-        """The two-pass method (see the module's docstring); one loss for the batch."""
         if not chunks:
             return []
-        # Pass 2 rewinds to here, so that it draws pass 1's dropout masks.
-        start = RngState(self.device)
-        sums: Optional[th.Tensor] = None
-        with th.no_grad():
+        start = RngState(self.device)  # pass 2 rewinds here, to draw pass 1's masks
+        sums: Any = 0
+        with th.no_grad(), self.forward_context(grad=False):
             for chunk in chunks:
-                with self.forward_context(grad=False):
-                    outputs = task.forward(chunk, forward_size)
-                part = task.partial_sums(chunk, outputs.float())
-                sums = part if sums is None else sums + part
-        assert sums is not None
+                sums = sums + task.partial_sums(
+                    chunk, task.forward(chunk, forward_size).float()
+                )
         out, sums_grad = self._loss_of_sums(task, chunks, sums, n_items)
         start.restore()
         for index, chunk in enumerate(chunks):
@@ -486,12 +418,7 @@ class GradientAccumulator(Generic[ChunkT]):
         chunks: Sequence[ChunkT],
         forward_size: int,
     ) -> norm_replay.ReplayedStatistics:
-        """No-grad pre-pass(es) giving every norm call its full-batch statistics.
-
-        A layer whose input depends on another norm layer's output needs the
-        pre-pass repeated until the gathered moments stop changing; whether the
-        net is like that is learnt on the first step by running a second pass.
-        """
+        """No-grad pre-pass(es) giving every norm call its full-batch statistics."""
 
         def gather(
             provisional: Optional[norm_replay.CallStats],
@@ -507,17 +434,6 @@ class GradientAccumulator(Generic[ChunkT]):
             return self._all_reduce_moments(moments)
 
         return norm_replay.settled_statistics(self.norms, gather)
-
-    def _check_finite_grads(self, n_chunks: int) -> None:
-        if not th.isfinite(total_norm(self.params)):
-            raise FloatingPointError(
-                f"non-finite gradient at step {self.n_steps} after {n_chunks} "
-                "minibatches; the step was discarded",
-            )
-
-    def _regularize(self, mean_loss: float) -> None:
-        if self.regularizer is not None:
-            regularize(self.regularizer, self.params, mean_loss, self.device)
 
     def _clip_and_measure(self) -> float:
         return clip_and_measure(self.params, self.max_grad_norm)
@@ -537,7 +453,7 @@ class GradientAccumulator(Generic[ChunkT]):
 
         Args:
             task: Computes each chunk's outputs and loss.
-            chunks: The items to evaluate, cut into chunks of whole items.
+            chunks: The items to evaluate, in chunks of whole items.
             plan: The planner's plan (its ``forward_size`` is used).
             n_items: Items in all chunks (over all processes).
 
@@ -545,21 +461,22 @@ class GradientAccumulator(Generic[ChunkT]):
             Mean loss, per-item losses and mean metrics.
         """
         outs = []
-        with th.no_grad(), networks.evaluating(self.net):
+        with (
+            th.no_grad(),
+            networks.evaluating(self.net),
+            self.forward_context(grad=False),
+        ):
             for chunk in chunks:
-                with self.forward_context(grad=False):
-                    outputs = task.forward(chunk, plan.forward_size)
-                outs.append(task.loss(chunk, outputs.float()))
+                outs.append(
+                    task.loss(chunk, task.forward(chunk, plan.forward_size).float())
+                )
         losses = _item_losses(outs)
         total = self._global_sum(th.as_tensor(losses.sum(), dtype=th.float64))
         return EvaluationResult(
             loss=float(total) / n_items,
             item_losses=losses,
-            metrics=self._global_means(_metric_sums(outs), task.metric_names, n_items),
+            metrics=self._global_means(outs, task.metric_names, n_items),
         )
-
-    # The parts of a step a process group shares; the distributed engine
-    # overrides each of them.
 
     def _loss_of_sums(
         self,
@@ -568,48 +485,28 @@ class GradientAccumulator(Generic[ChunkT]):
         sums: th.Tensor,
         n_items: int,
     ) -> Tuple[ChunkLoss, th.Tensor]:
-        """Two-pass: the batch's loss from pass 1's sums, and its gradient.
+        """Two-pass: the batch's detached losses from pass 1's sums, and their gradient.
 
-        The gradient is that of ``loss_sum / n_items`` with respect to ``sums``;
-        pass 2 backpropagates it through each chunk. The default computes both from
-        this process's sums. That is the global batch's loss gradient restricted to
-        this process's items whenever each item's loss depends on its own sums
-        only, as with fragment pairs split among processes by whole pairs; a
-        subclass whose items couple across processes would all-gather ``sums``
-        here, compute the loss over the global batch, and return its share.
-
-        Args:
-            task: The two-pass task.
-            chunks: This process's chunks of the batch.
-            sums: Every group sum of this process's items, from pass 1.
-            n_items: Items in the whole batch (the loss divisor).
-
-        Returns:
-            The batch's losses (detached) and the gradient, shaped like ``sums``.
+        The gradient is that of ``loss_sum / n_items`` with respect to ``sums``,
+        from this process's sums: exact while each item's loss depends on its own
+        sums only (pairs are split among processes whole).
         """
         leaf = sums.detach().requires_grad_(True)
         with th.enable_grad():
             out = task.loss_of_sums(chunks, leaf)
             (grad,) = th.autograd.grad(out.loss_sum / n_items, leaf)
-        detached = ChunkLoss(
-            out.loss_sum.detach(),
-            out.item_losses.detach(),
-            {name: value.detach() for name, value in out.metric_sums.items()},
-        )
-        return detached, grad
+        metrics = {name: value.detach() for name, value in out.metric_sums.items()}
+        return ChunkLoss(out.loss_sum.detach(), out.item_losses.detach(), metrics), grad
 
     def _chunk_context(
         self, index: int, n_chunks: int
     ) -> contextlib.AbstractContextManager:
         """Context for chunk ``index``'s forward/backward (DDP: ``no_sync``)."""
-        del index, n_chunks
         return contextlib.nullcontext()
 
     def _backward(self, loss: th.Tensor) -> None:
         """Backpropagates one chunk's share of the batch loss (scaled for float16)."""
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        loss.backward()
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
     def _global_sum(self, value: th.Tensor) -> th.Tensor:
         """Sums a per-process figure over all processes of a step."""
@@ -619,23 +516,21 @@ class GradientAccumulator(Generic[ChunkT]):
         """Takes part in a step in which this process has no items (DDP)."""
 
     def _global_means(
-        self,
-        sums: Mapping[str, th.Tensor],
-        names: Sequence[str],
-        n_items: int,
+        self, outs: Sequence[ChunkLoss], names: Sequence[str], n_items: int
     ) -> Dict[str, float]:
-        """Sums of every metric over all processes, divided by ``n_items``."""
-        keys = list(dict.fromkeys([*names, *sums]))
+        """Each metric summed over the chunks and all processes, over ``n_items``."""
+        sums: Dict[str, Any] = dict.fromkeys(names, 0.0)
+        for out in outs:
+            for name, value in out.metric_sums.items():
+                sums[name] = sums.get(name, 0.0) + value
         device = self.device
         return {
-            k: float(self._global_sum(th.as_tensor(sums.get(k, 0.0), device=device)))
-            / n_items
-            for k in keys
+            name: float(self._global_sum(th.as_tensor(value, device=device))) / n_items
+            for name, value in sums.items()
         }
 
     def _all_reduce_moments(
-        self,
-        moments: norm_replay.CallMoments,
+        self, moments: norm_replay.CallMoments
     ) -> norm_replay.CallMoments:
         """Merges norm-input moments gathered by every process."""
         return moments
@@ -662,8 +557,9 @@ class RngState:
 
 def forked_rng(device: th.device) -> contextlib.AbstractContextManager:
     """Runs a block with the torch RNG of ``device`` restored afterwards."""
-    devices = [device.index or 0] if device.type == "cuda" else []
-    return th.random.fork_rng(devices=devices)
+    return th.random.fork_rng(
+        devices=[device.index or 0] if device.type == "cuda" else []
+    )
 
 
 def total_norm(params: Sequence[th.Tensor]) -> th.Tensor:
@@ -671,9 +567,6 @@ def total_norm(params: Sequence[th.Tensor]) -> th.Tensor:
     grads = [p.grad.detach() for p in params if p.grad is not None]
     if not grads:
         return th.zeros(())
-    get_total_norm = getattr(th.nn.utils, "get_total_norm", None)  # torch >= 2.6
-    if get_total_norm is not None:
-        return get_total_norm(grads)
     return th.linalg.vector_norm(th.stack([th.linalg.vector_norm(g) for g in grads]))
 
 
@@ -685,22 +578,17 @@ def regularize(
 ) -> None:
     """Applies an imitation regularizer once, to the batch's mean loss.
 
-    A leaf stands for the batch loss: loss regularizers add their penalty to it
-    and backpropagate once; weight regularizers call backward on it (a no-op for
-    the parameters) and decay the weights in place, which a failure undoes.
-
-    Args:
-        regularizer: The regularizer.
-        params: The parameters it acts on.
-        mean_loss: The batch's mean loss.
-        device: The parameters' device.
+    A leaf on ``device`` stands for the batch loss: loss regularizers add their
+    penalty to it and backpropagate; weight regularizers decay ``params`` in place,
+    which a failure undoes.
     """
     saved = None
     if not isinstance(regularizer, regularizers.LossRegularizer):
         saved = [p.detach().clone() for p in params]
     try:
-        batch_loss = th.tensor(mean_loss, device=device, requires_grad=True)
-        regularizer.regularize_and_backward(batch_loss)
+        regularizer.regularize_and_backward(
+            th.tensor(mean_loss, device=device, requires_grad=True)
+        )
     except BaseException:
         if saved is not None:
             with th.no_grad():
@@ -710,42 +598,21 @@ def regularize(
 
 
 def clip_and_measure(
-    params: Sequence[th.Tensor],
-    max_grad_norm: Optional[float],
+    params: Sequence[th.Tensor], max_grad_norm: Optional[float]
 ) -> float:
     """The total gradient norm before clipping; clips to ``max_grad_norm`` if given."""
-    if max_grad_norm is not None:
-        grads = [p for p in params if p.grad is not None]
-        if not grads:
-            return 0.0
-        return float(th.nn.utils.clip_grad_norm_(grads, max_grad_norm))
-    return float(total_norm(params))
-
-
-def reset_peak_memory(device: th.device) -> None:
-    """Starts a new peak-memory window on ``device`` (CUDA only; see below)."""
-    if device.type == "cuda":
-        th.cuda.reset_peak_memory_stats(device)
+    grads = [p for p in params if p.grad is not None]
+    if max_grad_norm is None or not grads:
+        return float(total_norm(params))
+    return float(th.nn.utils.clip_grad_norm_(grads, max_grad_norm))
 
 
 def peak_memory_bytes(device: th.device) -> int:
-    """Peak memory of the current window.
-
-    On CUDA this is ``torch.cuda.max_memory_allocated`` since the last
-    :func:`reset_peak_memory`; elsewhere it is the process's peak resident set
-    size, which cannot be reset and so covers the whole process lifetime.
-
-    Args:
-        device: The device the reward net lives on.
-
-    Returns:
-        Peak memory in bytes.
-    """
+    """Peak memory: CUDA's since the step began, elsewhere the process's peak RSS."""
     if device.type == "cuda":
         return int(th.cuda.max_memory_allocated(device))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # ru_maxrss is in KiB on Linux and in bytes on macOS.
-    return int(peak if sys.platform == "darwin" else peak * 1024)
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # KiB on Linux
 
 
 def synchronize(device: th.device) -> None:
@@ -755,22 +622,6 @@ def synchronize(device: th.device) -> None:
 
 
 def _item_losses(outs: Sequence[ChunkLoss]) -> np.ndarray:
-    """The chunks' per-item losses, in order, as one array."""
     if not outs:
         return np.zeros(0, dtype=np.float32)
     return th.cat([out.item_losses for out in outs]).cpu().numpy()
-
-
-def _metric_sums(outs: Sequence[ChunkLoss]) -> Dict[str, th.Tensor]:
-    """Each metric summed over the chunks."""
-    sums: Dict[str, th.Tensor] = {}
-    for out in outs:
-        for name, value in out.metric_sums.items():
-            sums[name] = sums.get(name, 0) + value
-    return sums
-
-
-def _item_outputs(outs: Sequence[ChunkLoss]) -> Optional[th.Tensor]:
-    """The chunks' ``item_outputs``, in order; ``None`` if no chunk has any."""
-    parts = [out.item_outputs for out in outs if out.item_outputs is not None]
-    return th.cat(parts) if parts else None

@@ -1,26 +1,10 @@
 """Once-per-step statistics for imitation's stateful input normalization layers.
 
-The exactness reference is one training-mode forward of the reward net over every
-transition of the batch. In that forward each call of a ``RunningNorm`` or
-``EMANorm`` layer first updates the layer's statistics from everything the call
-sees, then normalizes with the updated statistics; a layer may be called more than
-once per forward (a shaped reward net calls its potential on ``next_state``, then
-on ``state``).
-
-When the batch is split into several reward-net calls, :class:`NormReplay`
-reproduces that forward exactly:
-
-1. a no-grad pre-pass over every chunk gathers, per call of each layer, the moments
-   (count, mean, M2) of the call's inputs (:meth:`NormReplay.gathering`);
-2. the layer's own update rule is replayed call by call on those moments
-   (:meth:`NormReplay.replay`);
-3. every chunk then runs with each call normalized by its replayed statistics and
-   no statistics updates (:meth:`NormReplay.replaying`);
-4. the buffers are left where the reference leaves them (:meth:`NormReplay.commit`).
-
-Layers whose input depends on another norm layer's output are handled by repeating
-the pre-pass until the moments stop changing. Layers that couple the items of a batch
-(``nn.BatchNorm*``) cannot be accumulated exactly and are rejected.
+In the reference forward each call of a ``RunningNorm``/``EMANorm`` updates the
+layer's statistics from all it sees, then normalizes with them. Across chunks,
+:class:`NormReplay` reproduces that: a no-grad pre-pass gathers each call's input
+moments, the layer's update rule is replayed on them, the chunks run with the
+replayed statistics, and the buffers end where the reference leaves them.
 """
 
 import contextlib
@@ -52,15 +36,14 @@ def check_accumulable(net: nn.Module, argument: str = "reward net") -> None:
                 f"{where} normalizes with the statistics of the current batch, so "
                 "splitting the batch into minibatches changes its output: gradient "
                 "accumulation cannot be exact. Use imitation's RunningNorm or "
-                "EMANorm, or a per-sample norm such as nn.LayerNorm.",
+                "EMANorm, or a per-sample norm such as nn.LayerNorm."
             )
         if isinstance(module, networks.BaseNorm) and not isinstance(
-            module,
-            SUPPORTED_NORMS,
+            module, SUPPORTED_NORMS
         ):
             raise ValueError(
                 f"{where} is a BaseNorm whose statistics update cannot be replayed "
-                "once per step; supported: RunningNorm, EMANorm.",
+                "once per step; supported: RunningNorm, EMANorm."
             )
 
 
@@ -89,10 +72,13 @@ class Moments:
         m2 = self.m2 + other.m2 + th.square(delta) * (self.count * other.count / count)
         return Moments(count, mean, m2)
 
-    @property
-    def var(self) -> th.Tensor:
-        """Biased variance, as the norm layers use it."""
-        return self.m2 / self.count
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Moments)
+            and self.count == other.count
+            and th.equal(self.mean, other.mean)
+            and th.equal(self.m2, other.m2)
+        )
 
 
 #: Per layer, per call: the moments of that call's inputs over the whole batch.
@@ -109,38 +95,27 @@ class ReplayedStatistics:
     final_buffers: List[Dict[str, th.Tensor]]
 
 
-def _replay_running_norm(state: Dict[str, th.Tensor], moments: Moments) -> None:
-    # Same arithmetic as RunningNorm.update_stats, fed with moments instead of a
-    # batch (update_stats only accepts the batch itself).
-    batch_mean = moments.mean.to(state["running_mean"].dtype)
-    batch_var = moments.var.to(state["running_var"].dtype)
-    batch_count = moments.count
-    delta = batch_mean - state["running_mean"]
-    tot_count = state["count"] + batch_count
-    state["running_mean"] += delta * batch_count / tot_count
-    state["running_var"] *= state["count"]
-    state["running_var"] += batch_var * batch_count
-    state["running_var"] += th.square(delta) * state["count"] * batch_count / tot_count
-    state["running_var"] /= tot_count
-    state["count"] += batch_count
-
-
-def _replay_ema_norm(
-    layer: networks.EMANorm,
-    state: Dict[str, th.Tensor],
-    moments: Moments,
-) -> None:
-    # Same arithmetic as EMANorm.update_stats (Algorithm 3 of imitation's note),
-    # fed with moments instead of a batch.
-    state["inv_learning_rate"] += layer.decay ** state["num_batches"]
-    learning_rate = 1 / state["inv_learning_rate"]
-    delta_mean = moments.mean.to(state["running_mean"].dtype) - state["running_mean"]
-    state["running_mean"] += learning_rate * delta_mean
-    batch_var = moments.var.to(state["running_var"].dtype)
-    delta_var = batch_var + (1 - learning_rate) * delta_mean**2 - state["running_var"]
-    state["running_var"] += learning_rate * delta_var
-    state["count"] += moments.count
-    state["num_batches"] += 1
+def _replay(layer: networks.BaseNorm, state: Dict[str, th.Tensor], m: Moments) -> None:
+    # The arithmetic of RunningNorm/EMANorm.update_stats, fed with moments.
+    mean = m.mean.to(state["running_mean"].dtype)
+    var = (m.m2 / m.count).to(state["running_var"].dtype)  # biased, as the layers
+    delta = mean - state["running_mean"]
+    if isinstance(layer, networks.EMANorm):
+        state["inv_learning_rate"] += layer.decay ** state["num_batches"]
+        rate = 1 / state["inv_learning_rate"]
+        state["running_mean"] += rate * delta
+        state["running_var"] += rate * (
+            var + (1 - rate) * delta**2 - state["running_var"]
+        )
+        state["num_batches"] += 1
+    else:
+        total = state["count"] + m.count
+        state["running_mean"] += delta * m.count / total
+        state["running_var"] *= state["count"]
+        state["running_var"] += var * m.count
+        state["running_var"] += th.square(delta) * state["count"] * m.count / total
+        state["running_var"] /= total
+    state["count"] += m.count
 
 
 class NormReplay:
@@ -148,11 +123,9 @@ class NormReplay:
 
     Args:
         net: The reward net that each reward-net call invokes (the root module).
-            All ``RunningNorm``/``EMANorm`` layers inside it are handled.
 
     Raises:
-        ValueError: if ``net`` contains a layer that cannot be accumulated exactly
-            (see :func:`check_accumulable`).
+        ValueError: if ``net`` contains a layer that cannot be accumulated exactly.
     """
 
     def __init__(self, net: nn.Module) -> None:
@@ -161,7 +134,7 @@ class NormReplay:
         self.layers: List[networks.BaseNorm] = [
             m for m in net.modules() if isinstance(m, SUPPORTED_NORMS)
         ]
-        self._calls: List[int] = [0] * len(self.layers)
+        self._calls = [0] * len(self.layers)
         # Whether some layer's input depends on another layer's output; learnt on
         # the first step (None until then).
         self.chained: Optional[bool] = None
@@ -171,19 +144,25 @@ class NormReplay:
         """Whether the net has any stateful norm layer."""
         return bool(self.layers)
 
-    def _reset_calls(self, *_: object) -> None:
-        self._calls = [0] * len(self.layers)
-
-    def _next_call(self, index: int) -> int:
-        call = self._calls[index]
-        self._calls[index] += 1
-        return call
-
     @contextlib.contextmanager
-    def _overriding(self, make_forward) -> Iterator[None]:
-        hook = self.net.register_forward_pre_hook(self._reset_calls)
+    def _overriding(
+        self, normalize: Callable[[int, int, th.Tensor], th.Tensor]
+    ) -> Iterator[None]:
+        """Call ``k`` of layer ``i`` in a net call returns ``normalize(i, k, x)``."""
+
+        def reset_calls(*_: object) -> None:
+            self._calls = [0] * len(self.layers)
+
+        def make_forward(index: int) -> Callable[[th.Tensor], th.Tensor]:
+            def forward(x: th.Tensor) -> th.Tensor:
+                self._calls[index] += 1
+                return normalize(index, self._calls[index] - 1, x)
+
+            return forward
+
+        hook = self.net.register_forward_pre_hook(reset_calls)
         for index, layer in enumerate(self.layers):
-            layer.forward = make_forward(index, layer)  # type: ignore[method-assign]
+            layer.forward = make_forward(index)  # type: ignore[method-assign, assignment]
         try:
             yield
         finally:
@@ -191,15 +170,20 @@ class NormReplay:
             for layer in self.layers:
                 del layer.forward
 
+    def _normalized(
+        self, index: int, x: th.Tensor, stats: Tuple[th.Tensor, th.Tensor]
+    ) -> th.Tensor:
+        mean, var = stats
+        return (x - mean) / th.sqrt(var + self.layers[index].eps)
+
     @contextlib.contextmanager
     def gathering(
-        self,
-        provisional: Optional[CallStats] = None,
+        self, provisional: Optional[CallStats] = None
     ) -> Iterator[CallMoments]:
         """Records, per layer and call, the moments of the inputs of every net call.
 
-        Within the context each call normalizes with ``provisional`` statistics
-        (the layer's current buffers if ``None``) and updates nothing.
+        Each call normalizes with ``provisional`` statistics (the layer's current
+        buffers if ``None``) and updates nothing.
 
         Args:
             provisional: Statistics to normalize with, as from :meth:`replay`.
@@ -209,25 +193,19 @@ class NormReplay:
         """
         gathered: CallMoments = [[] for _ in self.layers]
 
-        def make_forward(index: int, layer: networks.BaseNorm):
-            def forward(x: th.Tensor) -> th.Tensor:
-                call = self._next_call(index)
-                calls = gathered[index]
-                if call < len(calls):
-                    calls[call] = calls[call].merge(Moments.of(x))
-                elif call == len(calls):
-                    calls.append(Moments.of(x))
-                else:  # pragma: no cover - calls are numbered consecutively
-                    raise AssertionError("norm calls out of order")
-                if provisional is not None and call < len(provisional[index]):
-                    mean, var = provisional[index][call]
-                else:
-                    mean, var = layer.running_mean, layer.running_var
-                return (x - mean) / th.sqrt(var + layer.eps)
+        def normalize(index: int, call: int, x: th.Tensor) -> th.Tensor:
+            calls = gathered[index]
+            if call < len(calls):
+                calls[call] = calls[call].merge(Moments.of(x))
+            else:
+                calls.append(Moments.of(x))
+            layer = self.layers[index]
+            stats = (layer.running_mean, layer.running_var)
+            if provisional is not None and call < len(provisional[index]):
+                stats = provisional[index][call]
+            return self._normalized(index, x, stats)
 
-            return forward
-
-        with self._overriding(make_forward):
+        with self._overriding(normalize):
             yield gathered
 
     def replay(self, moments: CallMoments) -> ReplayedStatistics:
@@ -245,12 +223,9 @@ class NormReplay:
             state = {name: buf.clone() for name, buf in layer.named_buffers()}
             stats = []
             for call_moments in calls:
-                if isinstance(layer, networks.EMANorm):
-                    _replay_ema_norm(layer, state, call_moments)
-                else:
-                    _replay_running_norm(state, call_moments)
+                _replay(layer, state, call_moments)
                 stats.append(
-                    (state["running_mean"].clone(), state["running_var"].clone()),
+                    (state["running_mean"].clone(), state["running_var"].clone())
                 )
             per_call.append(stats)
             final.append(state)
@@ -267,23 +242,17 @@ class NormReplay:
             None; statistics are not updated within the context.
         """
 
-        def make_forward(index: int, layer: networks.BaseNorm):
+        def normalize(index: int, call: int, x: th.Tensor) -> th.Tensor:
             calls = stats.per_call[index]
+            if call >= len(calls):
+                raise RuntimeError(
+                    f"norm layer {type(self.layers[index]).__name__} was called "
+                    f"{call + 1} times in one reward-net call, but only {len(calls)} "
+                    "times per call in the statistics pre-pass"
+                )
+            return self._normalized(index, x, calls[call])
 
-            def forward(x: th.Tensor) -> th.Tensor:
-                call = self._next_call(index)
-                if call >= len(calls):
-                    raise RuntimeError(
-                        f"norm layer {type(layer).__name__} was called {call + 1} "
-                        f"times in one reward-net call, but only {len(calls)} "
-                        "times per call in the statistics pre-pass",
-                    )
-                mean, var = calls[call]
-                return (x - mean) / th.sqrt(var + layer.eps)
-
-            return forward
-
-        with self._overriding(make_forward):
+        with self._overriding(normalize):
             yield
 
     @contextlib.contextmanager
@@ -314,40 +283,25 @@ class NormReplay:
         self._write(snapshot)
 
     def _write(self, buffers: Sequence[Dict[str, th.Tensor]]) -> None:
-        """Copies ``buffers`` (per layer, by name) into the layers' buffers."""
         with th.no_grad():
             for layer, state in zip(self.layers, buffers):
                 for name, buf in layer.named_buffers():
                     buf.copy_(state[name])
 
 
-def moments_equal(a: CallMoments, b: CallMoments) -> bool:
-    """Whether two gathered moment sets are identical, call by call."""
-    if [len(calls) for calls in a] != [len(calls) for calls in b]:
-        return False
-    return all(
-        x.count == y.count and th.equal(x.mean, y.mean) and th.equal(x.m2, y.m2)
-        for calls_a, calls_b in zip(a, b)
-        for x, y in zip(calls_a, calls_b)
-    )
-
-
 def settled_statistics(
-    norms: NormReplay,
-    gather: Callable[[Optional[CallStats]], CallMoments],
+    norms: NormReplay, gather: Callable[[Optional[CallStats]], CallMoments]
 ) -> ReplayedStatistics:
     """Statistics from no-grad pre-passes, repeated until they settle.
 
-    A layer whose input depends on another norm layer's output needs the
-    pre-pass repeated until the gathered moments stop changing; whether the net
-    is like that is learnt on the first step by running a second pass
-    (``norms.chained``).
+    A layer whose input depends on another norm layer's output needs the pre-pass
+    repeated until the gathered moments stop changing; whether the net is like
+    that is learnt on the first step by running a second pass (``norms.chained``).
 
     Args:
         norms: The net's norm layers.
-        gather: Runs one pre-pass, normalizing with the given provisional
-            per-call statistics (``None`` at first), and returns the moments
-            every norm call saw.
+        gather: Runs one pre-pass, normalizing with the given provisional per-call
+            statistics (``None`` at first); returns the moments every call saw.
 
     Returns:
         The replayed statistics.
@@ -364,13 +318,13 @@ def settled_statistics(
         passes += 1
         if norms.chained is False:
             return stats
-        if previous is not None and moments_equal(previous, moments):
+        if previous == moments:
             if norms.chained is None:
                 norms.chained = passes > 2
             return stats
         if passes > 1 + sum(len(calls) for calls in moments):
             raise RuntimeError(
                 "norm layer statistics did not settle: the inputs of the norm "
-                "layers keep changing between identical pre-passes",
+                "layers keep changing between identical pre-passes"
             )
         previous, provisional = moments, stats.per_call

@@ -1,25 +1,9 @@
 """Chunk inputs on their way to the device, the next chunk's during this one's compute.
 
-A :class:`Stager` is given a step's chunks in order (:meth:`Stager.schedule`) and a
-function that lists each chunk's host arrays. :meth:`Stager.fetch` returns a
-chunk's arrays on the device and, before it returns, starts the copy of the next
-chunk's, so that the copy of chunk ``k + 1`` runs while chunk ``k`` computes:
-
-- on CUDA (:class:`CudaTransport`), arrays are copied into a page-locked host
-  buffer (two of them, used in turn, each reused once its last copy is done;
-  arrays already page-locked go as they are) and from there to the device with
-  ``non_blocking=True`` on a side stream; the compute stream waits for that copy
-  only when it uses the chunk. Destination tensors are allocated on the compute
-  stream, so the caching allocator never hands their memory out early.
-- anywhere else (:class:`HostTransport`), arrays become tensors on the device at
-  once: a pass-through with the same values.
-
-Arrays keep their dtype: ``uint8`` frames stay ``uint8`` until the device, where the
-reward net's ``preprocess`` converts them.
-
-:class:`RangeStager` does the same for chunks made of transition ranges of
-fragment layouts (preference pairs): a range is gathered once, moved, and handed
-back as :class:`StagedRows`, which slices it on the device as a layout would.
+A :class:`Stager` returns a chunk's host arrays on the device and, before it does,
+starts the copy of the next chunk's. On CUDA arrays go through page-locked buffers
+on a side stream; elsewhere they become tensors at once. Arrays keep their dtype
+(``uint8`` frames stay ``uint8`` until the device).
 """
 
 import dataclasses
@@ -65,10 +49,6 @@ class Transport(Protocol):
         """The tensors of ``pending``, usable on the current stream."""
 
 
-def _as_tensor(array: HostArray) -> th.Tensor:
-    return util.safe_to_tensor(array)
-
-
 class HostTransport:
     """Arrays to tensors on ``device`` at once, synchronously (CPU: no copy)."""
 
@@ -78,7 +58,10 @@ class HostTransport:
     def send(self, arrays: MaybeArrays) -> Pending:
         """Converts ``arrays`` now."""
         return Pending(
-            [None if a is None else _as_tensor(a).to(self.device) for a in arrays],
+            [
+                None if a is None else util.safe_to_tensor(a).to(self.device)
+                for a in arrays
+            ]
         )
 
     def wait(self, pending: Pending) -> MaybeTensors:
@@ -88,6 +71,10 @@ class HostTransport:
 
 class CudaTransport:
     """Copies through page-locked buffers on a side CUDA stream.
+
+    Two buffers are used in turn, each reused once its last copy is done; arrays
+    already page-locked go as they are. Destination tensors are allocated on the
+    compute stream, so the caching allocator never hands their memory out early.
 
     Args:
         device: The CUDA device.
@@ -106,10 +93,9 @@ class CudaTransport:
         """``array`` copied into slot ``slot``'s page-locked buffer ``index``."""
         if isinstance(array, th.Tensor):
             array = array.numpy()
-        nbytes = max(array.nbytes, 1)
         buffer = self._buffers[slot].get(index)
-        if buffer is None or buffer.numel() < nbytes:
-            buffer = th.empty(nbytes, dtype=th.uint8, pin_memory=True)
+        if buffer is None or buffer.numel() < max(array.nbytes, 1):
+            buffer = th.empty(max(array.nbytes, 1), dtype=th.uint8, pin_memory=True)
             self._buffers[slot][index] = buffer
         host = buffer[: array.nbytes].numpy().view(array.dtype).reshape(array.shape)
         np.copyto(host, array)
@@ -122,7 +108,6 @@ class CudaTransport:
         last = self._last_copy[slot]
         if last is not None:
             last.synchronize()  # the buffer's previous copy has left it
-        compute = th.cuda.current_stream(self.device)
         pairs: List[Optional[Tuple[th.Tensor, th.Tensor]]] = []
         for index, array in enumerate(arrays):
             if array is None:
@@ -134,7 +119,8 @@ class CudaTransport:
                 source = self._pinned(slot, index, array)
             target = th.empty(source.shape, dtype=source.dtype, device=self.device)
             pairs.append((source, target))
-        self.stream.wait_stream(compute)  # the targets' allocation comes first
+        # The targets' allocation on the compute stream comes first.
+        self.stream.wait_stream(th.cuda.current_stream(self.device))
         with th.cuda.stream(self.stream):
             for pair in pairs:
                 if pair is not None:
@@ -151,19 +137,12 @@ class CudaTransport:
         return pending.tensors
 
 
-def transport_for(device: th.device) -> Transport:
-    """The transport to ``device``: through pinned buffers on CUDA."""
-    if device.type == "cuda":
-        return CudaTransport(device)
-    return HostTransport(device)
-
-
 class Stager(Generic[ChunkT]):
     """Moves each chunk's host arrays to the device, one chunk ahead.
 
     Args:
         transport: How arrays reach the device; by default chosen per device at
-            :meth:`schedule` (:func:`transport_for`).
+            :meth:`schedule` (pinned buffers on CUDA).
 
     Example:
         >>> stager = Stager()  # doctest: +SKIP
@@ -174,8 +153,8 @@ class Stager(Generic[ChunkT]):
 
     def __init__(self, transport: Optional[Transport] = None) -> None:
         self._fixed_transport = transport
-        self._transports: Dict[th.device, Transport] = {}
         self.transport: Optional[Transport] = transport
+        self._device: Optional[th.device] = None
         self._host_arrays: Optional[Callable[[ChunkT], MaybeArrays]] = None
         self._chunks: List[ChunkT] = []
         self._following: Dict[int, ChunkT] = {}
@@ -200,21 +179,14 @@ class Stager(Generic[ChunkT]):
         if self.transport is not None:
             for pending in self._pending.values():
                 self.transport.wait(pending)
-        if self._fixed_transport is None:
-            if device not in self._transports:
-                self._transports[device] = transport_for(device)
-            self.transport = self._transports[device]
+        if self._fixed_transport is None and device != self._device:
+            cuda = device.type == "cuda"
+            self.transport = CudaTransport(device) if cuda else HostTransport(device)
+        self._device = device
         self._host_arrays = host_arrays
         self._chunks = list(chunks)  # keeps the ids below valid
-        self._following = {
-            id(chunk): following
-            for chunk, following in zip(self._chunks, self._chunks[1:])
-        }
+        self._following = {id(a): b for a, b in zip(self._chunks, self._chunks[1:])}
         self._pending = {}
-
-    def _send(self, chunk: ChunkT) -> Pending:
-        assert self.transport is not None and self._host_arrays is not None
-        return self.transport.send(self._host_arrays(chunk))
 
     def fetch(self, chunk: ChunkT) -> MaybeTensors:
         """``chunk``'s arrays on the device; starts moving the next chunk's.
@@ -226,14 +198,18 @@ class Stager(Generic[ChunkT]):
         Returns:
             Its arrays as device tensors, in the order ``host_arrays`` lists them.
         """
-        assert self.transport is not None, "schedule() the chunks first"
+        assert self.transport is not None and self._host_arrays is not None, (
+            "schedule() the chunks first"
+        )
         pending = self._pending.pop(id(chunk), None)
         if pending is None:
-            pending = self._send(chunk)
+            pending = self.transport.send(self._host_arrays(chunk))
         tensors = self.transport.wait(pending)
         following = self._following.get(id(chunk))
         if following is not None and id(following) not in self._pending:
-            self._pending[id(following)] = self._send(following)
+            self._pending[id(following)] = self.transport.send(
+                self._host_arrays(following)
+            )
         return tensors
 
 
@@ -245,10 +221,7 @@ class RowSource(Protocol):
         """Transitions in the source."""
 
     def gather(
-        self,
-        start: int,
-        stop: int,
-        next_obs: bool = True,
+        self, start: int, stop: int, next_obs: bool = True
     ) -> Tuple[HostArray, HostArray, Optional[HostArray], HostArray]:
         """``(obs, acts, next_obs, dones)`` of transitions ``[start, stop)``."""
 
@@ -266,22 +239,17 @@ class StagedRows:
     """Transitions of the whole layout (as ``FragmentLayout.n_transitions``)."""
 
     def gather(
-        self,
-        start: int,
-        stop: int,
-        next_obs: bool = True,
+        self, start: int, stop: int, next_obs: bool = True
     ) -> Tuple[th.Tensor, th.Tensor, Optional[th.Tensor], th.Tensor]:
         """``(obs, acts, next_obs, dones)`` of transitions ``[start, stop)``."""
         lo, hi = start - self.offset, stop - self.offset
         obs, acts, next_frames, dones = self.fields
         if next_obs and next_frames is None:
             raise ValueError("next observations were not staged")
-        return (
-            obs[lo:hi],
-            acts[lo:hi],
-            None if next_frames is None or not next_obs else next_frames[lo:hi],
-            dones[lo:hi],
+        staged_next = (
+            None if next_frames is None or not next_obs else next_frames[lo:hi]
         )
+        return obs[lo:hi], acts[lo:hi], staged_next, dones[lo:hi]
 
 
 #: A chunk's transition ranges: ``(source, start, stop)`` each.
@@ -318,10 +286,11 @@ class RangeStager(Generic[ChunkT]):
         self._ranges = ranges
 
         def host_arrays(chunk: ChunkT) -> MaybeArrays:
-            arrays: List[Optional[HostArray]] = []
-            for source, start, stop in ranges(chunk):
-                arrays.extend(source.gather(start, stop, next_obs=next_obs))
-            return arrays
+            return [
+                array
+                for source, start, stop in ranges(chunk)
+                for array in source.gather(start, stop, next_obs=next_obs)
+            ]
 
         self.stager.schedule(chunks, host_arrays, device)
 
@@ -329,10 +298,7 @@ class RangeStager(Generic[ChunkT]):
         """``chunk``'s ranges on the device, one :class:`StagedRows` each."""
         assert self._ranges is not None, "schedule() the chunks first"
         tensors = self.stager.fetch(chunk)
-        rows = []
-        for k, (source, start, _) in enumerate(self._ranges(chunk)):
-            obs, acts, next_obs, dones = tensors[4 * k : 4 * k + 4]
-            assert obs is not None and acts is not None and dones is not None
-            fields = (obs, acts, next_obs, dones)
-            rows.append(StagedRows(fields, start, source.n_transitions))
-        return rows
+        return [
+            StagedRows(tuple(tensors[4 * k : 4 * k + 4]), start, source.n_transitions)  # type: ignore[arg-type]
+            for k, (source, start, _) in enumerate(self._ranges(chunk))
+        ]

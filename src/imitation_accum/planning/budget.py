@@ -8,14 +8,7 @@ and temporaries. The preference data already in memory is not counted.
 import math
 import os
 import re
-from typing import (
-    Dict,
-    Iterable,
-    List,
-    Optional,
-    Tuple,
-    Union,
-)
+from typing import Dict, Iterable, Optional, Tuple, Union
 
 import numpy as np
 import torch as th
@@ -25,18 +18,8 @@ Budget = Union[int, str]
 
 AUTO = "auto"
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS.update(kib=2**10, mib=2**20, gib=2**30, tib=2**40)
 _BUDGET_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 #: Share of the free memory an ``"auto"`` budget takes, per device type: other
@@ -44,18 +27,10 @@ _BUDGET_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGN
 AUTO_FRACTION = {"cuda": 0.85, "cpu": 0.7}
 
 #: Optimizer state per parameter, in parameter-sized tensors, for optimizers that
-#: have not stepped yet (an unknown optimizer is assumed to keep two).
-_STATE_TENSORS = {
-    "SGD": 1,  # momentum buffer (only with momentum; counted anyway)
-    "Adam": 2,
-    "AdamW": 2,
-    "Adamax": 2,
-    "NAdam": 2,
-    "RAdam": 2,
-    "Adagrad": 1,
-    "Adadelta": 2,
-    "RMSprop": 3,  # square average, momentum buffer, grad average (centered)
-}
+#: have not stepped yet (an unknown optimizer is assumed to keep two). SGD's
+#: momentum buffer is counted even without momentum; RMSprop's three are the
+#: square average, momentum buffer and grad average (centered).
+_STATE_TENSORS = {"SGD": 1, "Adagrad": 1, "RMSprop": 3}
 
 
 def parse_budget(value: object, name: str = "memory_budget") -> Optional[Budget]:
@@ -87,7 +62,7 @@ def parse_budget(value: object, name: str = "memory_budget") -> Optional[Budget]
             raise ValueError(
                 f"{name}={value!r} does not parse: give bytes, a size such as "
                 "'6GiB' or '500MB' (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), "
-                "or 'auto'",
+                "or 'auto'"
             )
         number = float(match.group(1)) * _UNITS[unit]
     elif isinstance(value, (int, float, np.integer, np.floating)):
@@ -95,7 +70,7 @@ def parse_budget(value: object, name: str = "memory_budget") -> Optional[Budget]
     else:
         raise ValueError(
             f"{name} must be bytes, a size such as '6GiB', or 'auto'; got "
-            f"{type(value).__name__}",
+            f"{type(value).__name__}"
         )
     if not math.isfinite(number) or number < 1:
         raise ValueError(f"{name} must be a positive size, got {value!r}")
@@ -130,21 +105,22 @@ def _cgroup_available() -> Optional[int]:
             current = int(current_file.read().strip())
     except (OSError, ValueError):
         return None
-    if limit == "max":
+    return None if limit == "max" else max(0, int(limit) - current)
+
+
+def _sysconf_bytes(pages: str) -> Optional[int]:
+    try:
+        return int(os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
         return None
-    return max(0, int(limit) - current)
 
 
 def available_bytes(device: th.device) -> int:
     """Memory that training on ``device`` could still take.
 
-    Args:
-        device: The reward net's device.
-
-    Returns:
-        On CUDA, the device's free memory plus what PyTorch's caching allocator
-        holds unused; elsewhere the host's available memory (``MemAvailable`` of
-        ``/proc/meminfo``, or a container's remaining limit if lower).
+    On CUDA, the device's free memory plus what PyTorch's caching allocator holds
+    unused; elsewhere the host's available memory (``MemAvailable``, or a
+    container's remaining limit if lower).
 
     Raises:
         ValueError: if the host's available memory cannot be read.
@@ -155,19 +131,16 @@ def available_bytes(device: th.device) -> int:
         return int(free + cached)
     candidates = [x for x in (_meminfo_available(), _cgroup_available()) if x]
     if not candidates:
-        try:
-            pages = os.sysconf("SC_AVPHYS_PAGES")
-            page_size = os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            raise ValueError(
-                "memory_budget='auto' cannot read this host's available memory; "
-                "give the budget in bytes",
-            ) from None
-        candidates = [int(pages * page_size)]
+        candidates = [x for x in [_sysconf_bytes("SC_AVPHYS_PAGES")] if x is not None]
+    if not candidates:
+        raise ValueError(
+            "memory_budget='auto' cannot read this host's available memory; "
+            "give the budget in bytes"
+        )
     return min(candidates)
 
 
-def tensor_bytes(tensors: Iterable[th.Tensor]) -> int:
+def _tensor_bytes(tensors: Iterable[th.Tensor]) -> int:
     """Bytes held by ``tensors`` (counted once per storage)."""
     storages: Dict[Tuple[str, int], int] = {}
     for tensor in tensors:
@@ -176,11 +149,16 @@ def tensor_bytes(tensors: Iterable[th.Tensor]) -> int:
     return sum(storages.values())
 
 
+def _state_tensors(optimizer: th.optim.Optimizer) -> Iterable[th.Tensor]:
+    for state in optimizer.state.values():
+        yield from (v for v in state.values() if isinstance(v, th.Tensor))
+
+
 def training_state_bytes(optimizer: th.optim.Optimizer) -> int:
     """Parameters, gradients and optimizer state that training keeps on the device.
 
     Optimizer state that does not exist yet (before the first step) is estimated
-    from the optimizer's class (two parameter-sized tensors for Adam/AdamW; two
+    from the optimizer's class (two parameter-sized tensors for Adam/AdamW, and
     for an optimizer this function does not know).
 
     Args:
@@ -190,25 +168,22 @@ def training_state_bytes(optimizer: th.optim.Optimizer) -> int:
         Bytes.
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    param_bytes = tensor_bytes(params)
-    state_tensors = [
-        value
-        for state in optimizer.state.values()
-        for value in state.values()
-        if isinstance(value, th.Tensor) and value.numel() > 1
-    ]
+    param_bytes = _tensor_bytes(params)
     per_param = _STATE_TENSORS.get(type(optimizer).__name__, 2)
     if any(g.get("amsgrad") for g in optimizer.param_groups):
         per_param += 1
-    state_bytes = max(tensor_bytes(state_tensors), per_param * param_bytes)
-    return 2 * param_bytes + state_bytes  # parameters, gradients, state
+    state = [t for t in _state_tensors(optimizer) if t.numel() > 1]
+    return 2 * param_bytes + max(_tensor_bytes(state), per_param * param_bytes)
 
 
-def resolve_budget(
-    budget: Budget,
-    device: th.device,
-    resident_bytes: int,
-) -> int:
+def resident_training_bytes(optimizer: th.optim.Optimizer) -> int:
+    """Parameters, gradients and optimizer state already allocated."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grads = [p.grad for p in params if p.grad is not None]
+    return _tensor_bytes([*params, *grads, *_state_tensors(optimizer)])
+
+
+def resolve_budget(budget: Budget, device: th.device, resident_bytes: int) -> int:
     """The budget in bytes; ``"auto"`` takes a share of the free memory.
 
     Args:
@@ -224,20 +199,6 @@ def resolve_budget(
         return int(budget)
     fraction = AUTO_FRACTION.get(device.type, AUTO_FRACTION["cuda"])
     return int(fraction * available_bytes(device)) + resident_bytes
-
-
-def resident_training_bytes(optimizer: th.optim.Optimizer) -> int:
-    """Parameters, gradients and optimizer state already allocated."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    tensors: List[th.Tensor] = list(params)
-    tensors += [p.grad for p in params if p.grad is not None]
-    tensors += [
-        value
-        for state in optimizer.state.values()
-        for value in state.values()
-        if isinstance(value, th.Tensor)
-    ]
-    return tensor_bytes(tensors)
 
 
 def check_holds_training_state(
@@ -261,45 +222,29 @@ def check_holds_training_state(
     if memory_budget < needed:
         raise ValueError(
             f"memory_budget={format_bytes(memory_budget)} is smaller than the "
-            f"{format_bytes(needed)} that {what} need",
+            f"{format_bytes(needed)} that {what} need"
         )
 
 
-def device_total_bytes(device: th.device) -> int:
-    """All the memory of ``device``: a GPU's total, or the host's physical memory.
-
-    Returns:
-        Bytes (0 if they cannot be read).
-    """
+def _device_total_bytes(device: th.device) -> int:
     if device.type == "cuda":
         return int(th.cuda.get_device_properties(device).total_memory)
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return 0
+    return _sysconf_bytes("SC_PHYS_PAGES") or 0
 
 
 def machine_bytes() -> int:
     """The most memory any device of this machine has: the host's or a GPU's.
 
     Returns:
-        The larger of the host's physical memory and the largest GPU's total
-        memory (0 if neither can be read).
+        Bytes (0 if none can be read).
     """
-    sizes = [device_total_bytes(th.device("cpu"))]
-    if th.cuda.is_available():
-        sizes += [
-            device_total_bytes(th.device("cuda", index))
-            for index in range(th.cuda.device_count())
-        ]
-    return max(sizes)
+    gpus = range(th.cuda.device_count() if th.cuda.is_available() else 0)
+    devices = [th.device("cpu"), *(th.device("cuda", index) for index in gpus)]
+    return max(_device_total_bytes(device) for device in devices)
 
 
 def beyond_memory(
-    memory_budget: Optional[Budget],
-    total: int,
-    where: str,
-    name: str = "memory_budget",
+    memory_budget: Optional[Budget], total: int, where: str, name: str = "memory_budget"
 ) -> Optional[str]:
     """Says so if a budget in bytes is larger than ``total``.
 
@@ -324,17 +269,14 @@ def beyond_memory(
 
 
 def check_fits_device(
-    memory_budget: Optional[Budget],
-    device: th.device,
-    name: str = "memory_budget",
+    memory_budget: Optional[Budget], device: th.device, name: str = "memory_budget"
 ) -> None:
     """Refuses a budget in bytes larger than all of ``device``'s memory.
 
     Raises:
         ValueError: naming ``name``, the budget and the device's memory.
     """
-    message = beyond_memory(
-        memory_budget, device_total_bytes(device), f"the {device} device", name
-    )
+    total = _device_total_bytes(device)
+    message = beyond_memory(memory_budget, total, f"the {device} device", name)
     if message is not None:
         raise ValueError(message)

@@ -1,34 +1,17 @@
 """Planning a step: how one batch is cut into chunks and reward-net calls.
 
-A trainer builds a :class:`StepPolicy` from its own attributes each time
-``train()`` runs: plain data (items per chunk, the memory cap, transitions per
-call, passes). Planning a step is a pure function of the batch's lengths and that
-value (:func:`plan_step`); :func:`run_step` runs a step and, after a CUDA
-out-of-memory error, returns a new policy with the chunk halved. Nothing here
-measures the machine or keeps state.
+A :class:`StepPolicy` is plain data built from a trainer's attributes when
+``train()`` runs; :func:`plan_step` is a pure function of it and the batch's
+lengths; :func:`run_step` redoes a step with the chunk halved after out-of-memory.
 
-A :class:`StepPlan` is immutable and complete: the engine runs a step from it
-and the chunks the trainer builds from it, and reads nothing else. It is either
-
-* **one pass** in chunks of whole items: runs of consecutive items of the batch
-  (:func:`pair_chunks`), each chunk run in calls of ``forward_size``
-  transitions; or
-* **two passes** in chunks of transitions that may split items: each chunk is one
-  reward-net call of at most ``forward_size`` transitions, so that its graph is
-  freed before the next call. Chosen when one item alone exceeds the memory cap,
-  or when asked for (``two_pass=True``).
-
-Items may have *sides* (a fragment pair has two): the transitions of each side
-of a chunk are laid end to end on their own, and calls go to the sides in turn,
-call ``k`` of the first side, then call ``k`` of the second, with the same
-shapes when the sides are alike. A direction whose gradient is zero in exact
-arithmetic (a constant shift of the reward, with equal-length fragments) then
-gets mirrored contributions added to each other first, which cancel bit for bit:
-exactly 0.0, which AdamW needs (it divides by the gradient's own magnitude).
+Items may have *sides* (a fragment pair has two): each side of a chunk is laid end
+to end on its own and calls go to the sides in turn, with the same shapes when the
+sides are alike, so that a direction whose exact gradient is zero (a constant
+reward shift) gets contributions that cancel bit for bit, as AdamW needs.
 """
 
 import dataclasses
-from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
+from typing import Callable, List, Optional, Tuple, TypeVar
 
 import numpy as np
 import torch as th
@@ -37,15 +20,7 @@ ResultT = TypeVar("ResultT")
 
 
 def plan_chunks(n_items: int, minibatch_size: Optional[int]) -> List[slice]:
-    """Cuts ``n_items`` consecutive items into chunks of ``minibatch_size``.
-
-    Args:
-        n_items: Items in the batch.
-        minibatch_size: Items per chunk; ``None`` means one chunk.
-
-    Returns:
-        Slices covering ``range(n_items)`` in order.
-    """
+    """Slices of ``minibatch_size`` (``None``: all) covering ``range(n_items)``."""
     size = n_items if minibatch_size is None else max(1, minibatch_size)
     return [slice(s, min(s + size, n_items)) for s in range(0, n_items, size)]
 
@@ -90,43 +65,25 @@ def transition_ranges(n_transitions: int, size: int) -> List[Tuple[int, int]]:
     ]
 
 
-def mirrored_ranges(
-    side_transitions: Sequence[int],
-    size: int,
-) -> List[Tuple[int, int, int]]:
-    """``(side, start, stop)`` ranges of ``size``, range ``k`` of each side in turn.
-
-    Args:
-        side_transitions: Transitions of each side of the batch.
-        size: Transitions per range (the last of a side may be shorter).
-
-    Returns:
-        Ranges covering every side's transitions, interleaved.
-    """
-    per_side = [transition_ranges(int(n), size) for n in side_transitions]
-    longest = max((len(ranges) for ranges in per_side), default=0)
-    return [
-        (side, *ranges[k])
-        for k in range(longest)
-        for side, ranges in enumerate(per_side)
-        if k < len(ranges)
-    ]
-
-
-def as_sides(item_transitions: np.ndarray) -> np.ndarray:
-    """Item lengths as ``(n_items, n_sides)``: one side unless given more."""
-    lengths = np.asarray(item_transitions, dtype=np.int64)
-    return lengths.reshape(len(lengths), -1) if lengths.ndim < 2 else lengths
-
-
 def n_calls(n_transitions: int, forward_size: int) -> int:
     """Reward-net calls needed for ``n_transitions`` in calls of ``forward_size``."""
     return -(-n_transitions // forward_size)
 
 
+def _as_sides(item_transitions: np.ndarray) -> np.ndarray:
+    """Item lengths as ``(n_items, n_sides)``: one side unless given more."""
+    lengths = np.asarray(item_transitions, dtype=np.int64)
+    return lengths.reshape(len(lengths), -1) if lengths.ndim < 2 else lengths
+
+
 @dataclasses.dataclass(frozen=True)
 class StepPlan:
-    """How one step runs: what the engine and the chunk builders consume."""
+    """How one step runs: what the engine and the chunk builders consume.
+
+    Either one pass in chunks of whole items, each side in calls of
+    ``forward_size``; or two passes in chunks of one call each that may split
+    items (when one item exceeds the memory cap, or when asked for).
+    """
 
     two_pass: bool
     forward_size: int
@@ -144,25 +101,14 @@ class StepPlan:
 
     @classmethod
     def one_pass(
-        cls,
-        lengths: np.ndarray,
-        chunks: List[slice],
-        forward_size: int,
-        reason: str,
+        cls, lengths: np.ndarray, chunks: List[slice], forward_size: int, reason: str
     ) -> "StepPlan":
-        """A plan in chunks of whole items, each side in calls of ``forward_size``.
+        """A plan in ``chunks`` of whole items, each side in calls of ``forward_size``.
 
-        Args:
-            lengths: Transitions of each item, ``(n_items,)`` or per side
-                ``(n_items, n_sides)``.
-            chunks: The items of each chunk.
-            forward_size: Transitions per call.
-            reason: Why this mode.
-
-        Returns:
-            The plan.
+        ``lengths`` are the items' transitions, ``(n_items,)`` or per side
+        ``(n_items, n_sides)``.
         """
-        sides = as_sides(lengths)
+        sides = _as_sides(lengths)
         sizes = tuple(int(sides[s].sum()) for s in chunks)
         calls = sum(
             n_calls(int(n), forward_size) for s in chunks for n in sides[s].sum(0)
@@ -171,35 +117,26 @@ class StepPlan:
 
     @classmethod
     def two_passes(
-        cls,
-        lengths: np.ndarray,
-        forward_size: int,
-        reason: str,
+        cls, lengths: np.ndarray, forward_size: int, reason: str
     ) -> "StepPlan":
-        """A plan in chunks of one call of ``forward_size`` transitions each.
-
-        Args:
-            lengths: Transitions of each item, ``(n_items,)`` or per side.
-            forward_size: Transitions per call and chunk.
-            reason: Why this mode.
-
-        Returns:
-            The plan, with the sides' ranges interleaved.
-        """
-        side_totals = as_sides(lengths).sum(0)
-        ranges = tuple(mirrored_ranges(side_totals, forward_size))
-        sizes = tuple(stop - start for _, start, stop in ranges)
-        return cls(True, forward_size, (), ranges, sizes, len(ranges), reason)
+        """A plan in chunks of one call each: range ``k`` of each side in turn."""
+        per_side = [
+            transition_ranges(int(n), forward_size) for n in _as_sides(lengths).sum(0)
+        ]
+        longest = max((len(ranges) for ranges in per_side), default=0)
+        chunks = tuple(
+            (side, *ranges[k])
+            for k in range(longest)
+            for side, ranges in enumerate(per_side)
+            if k < len(ranges)
+        )
+        sizes = tuple(stop - start for _, start, stop in chunks)
+        return cls(True, forward_size, (), chunks, sizes, len(chunks), reason)
 
     @property
     def largest_chunk(self) -> int:
         """Transitions of the largest chunk (0 without items)."""
         return max(self.chunk_transitions, default=0)
-
-    @property
-    def n_chunks(self) -> int:
-        """Chunks (minibatches) of the step."""
-        return len(self.chunk_transitions)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,15 +162,8 @@ class StepPolicy:
         limit = max(1, limit)
         return limit if self.forward_size is None else min(self.forward_size, limit)
 
-    def backed_off(self, plan: "StepPlan", error: BaseException) -> "StepPolicy":
-        """This policy with chunks half as large as ``plan``'s largest.
-
-        Args:
-            plan: The plan of a step that ran out of memory.
-            error: The out-of-memory error.
-
-        Returns:
-            The new policy.
+    def backed_off(self, plan: StepPlan, error: BaseException) -> "StepPolicy":
+        """This policy with chunks half as large as ``plan``'s, which ran out of memory.
 
         Raises:
             torch.OutOfMemoryError: if the failed chunks held a single unit.
@@ -244,9 +174,17 @@ class StepPolicy:
                 f"not fit on its device for a single {self.unit} (plus parameters, "
                 "gradients and optimizer state). Use a smaller net, "
                 "activation_checkpointing=True, autocast_dtype, or a larger device. "
-                f"The error was: {error}",
+                f"The error was: {error}"
             ) from error
         return dataclasses.replace(self, chunk_cap=plan.largest_chunk // 2)
+
+
+def _item_chunks(lengths: np.ndarray, policy: StepPolicy) -> Tuple[List[slice], int]:
+    """Chunks of whole items within the policy's limits, and the call size."""
+    chunks = pair_chunks(
+        lengths, max_items=policy.minibatch_size, max_transitions=policy.chunk_cap
+    )
+    return chunks, policy.call_size(int(lengths[chunks[0]].sum()))
 
 
 def plan_step(item_transitions: np.ndarray, policy: StepPolicy) -> StepPlan:
@@ -265,24 +203,21 @@ def plan_step(item_transitions: np.ndarray, policy: StepPolicy) -> StepPlan:
         ValueError: if ``two_pass=False`` is pinned but one item exceeds the
             memory cap.
     """
-    sides = as_sides(item_transitions)
+    sides = _as_sides(item_transitions)
     if not len(sides):
         return StepPlan.one_pass(sides, [], 1, "no items")
-    lengths = sides.sum(1)
-    cap, unit = policy.chunk_cap, policy.unit
-    fits = cap is None or int(lengths.max()) <= cap
-    if not fits and policy.two_pass is False:
-        raise ValueError(
-            f"two_pass=False, but an item of {int(lengths.max())} {unit}s exceeds "
-            f"the {cap} {unit}s that fit in memory_budget (or the device, after an "
-            "out-of-memory error); allow two passes (two_pass=None) or raise the "
-            "budget",
-        )
-    if not fits:
+    longest, cap, unit = int(sides.sum(1).max()), policy.chunk_cap, policy.unit
+    if cap is not None and longest > cap:
+        if policy.two_pass is False:
+            raise ValueError(
+                f"two_pass=False, but an item of {longest} {unit}s exceeds the "
+                f"{cap} {unit}s that fit in memory_budget (or the device, after an "
+                "out-of-memory error); allow two passes (two_pass=None) or raise "
+                "the budget"
+            )
         reason = "one item exceeds the memory cap"
-        return StepPlan.two_passes(sides, policy.call_size(int(cap or 1)), reason)
-    chunks = pair_chunks(lengths, max_items=policy.minibatch_size, max_transitions=cap)
-    size = policy.call_size(int(lengths[chunks[0]].sum()))
+        return StepPlan.two_passes(sides, policy.call_size(cap), reason)
+    chunks, size = _item_chunks(sides.sum(1), policy)
     if policy.two_pass:
         return StepPlan.two_passes(sides, size, "two_pass=True")
     return StepPlan.one_pass(sides, chunks, size, "chunks of whole items")
@@ -293,22 +228,11 @@ def plan_evaluation(item_transitions: np.ndarray, policy: StepPolicy) -> StepPla
 
     Without gradient no graph is kept, so an item larger than the memory cap
     needs no second pass: its calls are at most the cap.
-
-    Args:
-        item_transitions: Transitions per item.
-        policy: The trainer's policy.
-
-    Returns:
-        The plan.
     """
-    sides = as_sides(item_transitions)
+    sides = _as_sides(item_transitions)
     if not len(sides):
         return StepPlan.one_pass(sides, [], 1, "no items")
-    lengths = sides.sum(1)
-    chunks = pair_chunks(
-        lengths, max_items=policy.minibatch_size, max_transitions=policy.chunk_cap
-    )
-    size = policy.call_size(int(lengths[chunks[0]].sum()))
+    chunks, size = _item_chunks(sides.sum(1), policy)
     return StepPlan.one_pass(sides, chunks, size, "evaluation")
 
 
@@ -352,5 +276,5 @@ def run_step(
             th.cuda.empty_cache()
         log(
             "out of memory: step redone with chunks of at most "
-            f"{policy.chunk_cap} {policy.unit}s",
+            f"{policy.chunk_cap} {policy.unit}s"
         )

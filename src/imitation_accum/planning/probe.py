@@ -1,32 +1,13 @@
 """The saved-bytes probe: what a chunk of any size needs, from a few small calls.
 
-Chunks are sized from a *probe*: a forward/backward of the reward net on a few
-transitions, during which ``torch.autograd.graph.saved_tensors_hooks`` counts the
-bytes autograd keeps for the backward. Their growth per transition, plus the
-temporaries of the reward-net call being computed, gives the bytes of a chunk of
-any size (:meth:`ActivationProfile.chunk_bytes`); the largest chunk that fits is
-:meth:`ActivationProfile.max_chunk_transitions`.
-
-The estimate is deliberately conservative. On CUDA an overrun raises
-``torch.cuda.OutOfMemoryError``, which the trainers catch, halving the chunk and
-redoing the step; on a CPU an overrun meets the kernel's OOM killer, so the
-estimate is the only guard there. glibc's allocator may keep freed activations
-resident (its mmap threshold grows with the blocks it frees), so that a step's
-resident set was measured at up to 2.8 times the bytes autograd saved (one pass
-over many small calls): the CPU estimate triples every per-transition figure
-(``experiments/bench_memory.py`` checks the estimate against measured peaks).
+A forward/backward of the reward net on a few transitions, during which
+``torch.autograd.graph.saved_tensors_hooks`` counts the bytes autograd keeps, gives
+the bytes of a chunk of any size. The estimate is conservative: on a CPU an overrun
+meets the kernel's OOM killer (on CUDA the trainers halve the chunk and redo it).
 """
 
 import dataclasses
-from typing import (
-    Any,
-    Callable,
-    ContextManager,
-    Dict,
-    Optional,
-    Sequence,
-    Tuple,
-)
+from typing import Any, Callable, ContextManager, Dict, Optional, Sequence, Tuple
 
 import torch as th
 
@@ -38,13 +19,12 @@ from imitation_accum.planning import budget
 ALLOCATOR_FACTOR = {"cuda": 1.2, "cpu": 3.0}
 
 #: On a CPU, transitions per reward-net call are as many as keep one call's
-#: activations (saved and transient bytes, before the allocator factor) within
-#: this: convolutions over Atari frames ran several times faster in calls of a
-#: few frames than in one call of a chunk, while an MLP wants the whole chunk.
+#: activations (saved and transient bytes) within this: convolutions over Atari
+#: frames ran several times faster in calls of a few frames than in one call of a
+#: chunk, while an MLP wants the whole chunk.
 CPU_CALL_BYTES = 64 * 2**20
 
-#: Fixed workspace per step beyond the estimate (library workspaces, cuDNN
-#: algorithms, oneDNN scratch pads).
+#: Fixed workspace per step beyond the estimate (cuDNN, oneDNN scratch pads).
 RESERVE_BYTES = {"cuda": 256 * 2**20, "cpu": 128 * 2**20}
 
 
@@ -69,18 +49,8 @@ def measure_saved_bytes(
 ) -> SavedBytes:
     """Counts the bytes autograd saves during ``run(n_transitions)``.
 
-    The output is then backpropagated with ``torch.autograd.grad`` (``.grad`` is
-    left alone), which frees the graph.
-
-    Args:
-        run: One reward-net call (with gradient) on ``n`` transitions.
-        n_transitions: Transitions to run.
-        params: The net's parameters: never counted as saved, and the targets of
-            the backward.
-        device: Where the net lives.
-
-    Returns:
-        The bytes saved.
+    ``params`` are never counted; the output is then backpropagated to them with
+    ``torch.autograd.grad`` (``.grad`` is left alone), which frees the graph.
     """
     exclude = {(str(p.device), p.untyped_storage().data_ptr()) for p in params}
     storages: Dict[Tuple[str, int], int] = {}
@@ -97,7 +67,7 @@ def measure_saved_bytes(
         th.cuda.synchronize(device)
         before = th.cuda.memory_allocated(device)
         th.cuda.reset_peak_memory_stats(device)
-    with th.enable_grad(), th.autograd.graph.saved_tensors_hooks(pack, _identity):
+    with th.enable_grad(), th.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         outputs = run(n_transitions)
     wanted = [p for p in params if p.requires_grad]
     if outputs.requires_grad and wanted:
@@ -107,23 +77,14 @@ def measure_saved_bytes(
     if cuda:
         th.cuda.synchronize(device)
         peak = int(th.cuda.max_memory_allocated(device) - before)
-    return SavedBytes(
-        n_transitions,
-        sum(storages.values()),
-        max(storages.values(), default=0),
-        peak,
-    )
-
-
-def _identity(tensor: th.Tensor) -> th.Tensor:
-    return tensor
+    saved = storages.values()
+    return SavedBytes(n_transitions, sum(saved), max(saved, default=0), peak)
 
 
 def _fit(points: Sequence[Tuple[int, float]]) -> Tuple[float, float]:
     """Slope per transition and intercept per call through ``(n, bytes)`` points.
 
-    Conservative: the slope is at least the bytes per transition of the largest
-    point when only one point is given or the points disagree; neither is negative.
+    With one point, all of it is slope; neither is negative.
     """
     (n1, b1), (n2, b2) = points[0], points[-1]
     if n2 == n1:
@@ -134,12 +95,7 @@ def _fit(points: Sequence[Tuple[int, float]]) -> Tuple[float, float]:
 
 @dataclasses.dataclass(frozen=True)
 class ActivationProfile:
-    """Bytes a training step needs, as a function of its chunk and call sizes.
-
-    ``chunk_bytes(n, calls of F)`` is ``fixed + reserve + factor * (n * saved +
-    ceil(n / F) * saved_per_call + F * transient)`` per transition figures, and on
-    CUDA at least the measured peak of the probe, extrapolated.
-    """
+    """Bytes a training step needs, as a function of its chunk and call sizes."""
 
     device_type: str
     fixed: int
@@ -168,26 +124,18 @@ class ActivationProfile:
     def chunk_bytes(self, n_transitions: int, call_size: int) -> float:
         """Bytes of a step with chunks of ``n_transitions`` in calls of ``call_size``.
 
-        Args:
-            n_transitions: Transitions of the largest chunk.
-            call_size: Transitions per reward-net call.
-
-        Returns:
-            The estimate, in bytes.
+        ``fixed + reserve + factor * (n * saved + calls * saved_per_call + F *
+        transient)``, and on CUDA at least the probe's measured peak, extrapolated.
         """
         call_size = max(1, min(call_size, n_transitions))
         calls = -(-n_transitions // call_size)
-        variable = (
-            n_transitions * self.saved_per_transition
-            + calls * self.saved_per_call
-            + call_size * self.transient_per_transition
-        )
+        kept = n_transitions * self.saved_per_transition + calls * self.saved_per_call
+        variable = kept + call_size * self.transient_per_transition
         if self.measured_peak is not None:
             per_transition, per_call = self.measured_peak
             # The probe's measured peak holds one call's saved and transient bytes.
             measured = (
-                n_transitions * self.saved_per_transition
-                + calls * self.saved_per_call
+                kept
                 + call_size * max(0.0, per_transition - self.saved_per_transition)
                 + max(0.0, per_call - self.saved_per_call)
             )
@@ -195,15 +143,7 @@ class ActivationProfile:
         return self.fixed + self.reserve + self.factor * variable
 
     def max_chunk_transitions(self, budget: int, limit: int) -> int:
-        """The most transitions a chunk may hold in ``budget`` (calls as large).
-
-        Args:
-            budget: Bytes.
-            limit: No answer above this.
-
-        Returns:
-            Transitions, or 0 if not even one fits.
-        """
+        """Most transitions (at most ``limit``; 0 if none) a chunk may hold in bytes."""
         if self.chunk_bytes(1, 1) > budget:
             return 0
         low, high = 1, max(1, limit)
@@ -259,8 +199,7 @@ def profile_activations(
         max_transitions: Transitions the sample holds.
         params: The net's parameters.
         device: The net's device.
-        fixed_bytes: Parameters, gradients and optimizer state
-            (:func:`training_state_bytes`).
+        fixed_bytes: Parameters, gradients and optimizer state.
         input_bytes_per_transition: Bytes of one transition's converted inputs.
         run_without_checkpointing: The same call without activation
             checkpointing, if ``run`` checkpoints: what a recomputation holds.
@@ -286,12 +225,7 @@ def profile_activations(
     if all(m.cuda_peak is not None for m in measured):
         peak = _fit([(m.n_transitions, float(m.cuda_peak or 0)) for m in measured])
     return ActivationProfile(
-        device.type,
-        fixed_bytes,
-        saved_slope,
-        saved_call,
-        transient,
-        peak,
+        device.type, fixed_bytes, saved_slope, saved_call, transient, peak
     )
 
 
@@ -306,7 +240,7 @@ def profile_calls(
     input_bytes_per_transition: float,
     checkpointed: bool,
 ) -> ActivationProfile:
-    """The probe, run on the first transitions of a sample.
+    """:func:`profile_activations` on the first transitions of a sample.
 
     Args:
         call: ``call(start, stop)``: one reward-net call on transitions
@@ -314,10 +248,10 @@ def profile_calls(
         available: Transitions the sample holds.
         measuring: ``measuring(checkpointing)``: the context the calls run in,
             leaving no trace on the RNG or norm statistics.
-        params: The net's parameters.
-        device: The net's device.
-        fixed_bytes: Parameters, gradients and optimizer state.
-        input_bytes_per_transition: Bytes of one transition's converted inputs.
+        params: As for :func:`profile_activations`.
+        device: As for :func:`profile_activations`.
+        fixed_bytes: As for :func:`profile_activations`.
+        input_bytes_per_transition: As for :func:`profile_activations`.
         checkpointed: Whether the step checkpoints activations (then the probe
             also measures a call without checkpointing).
 
@@ -325,22 +259,21 @@ def profile_calls(
         The profile.
     """
 
-    def run(n: int) -> th.Tensor:
-        with measuring(True):
-            return call(0, n)
+    def runner(checkpointing: bool) -> Callable[[int], th.Tensor]:
+        def run(n: int) -> th.Tensor:
+            with measuring(checkpointing):
+                return call(0, n)
 
-    def run_plain(n: int) -> th.Tensor:
-        with measuring(False):
-            return call(0, n)
+        return run
 
     return profile_activations(
-        run,
+        runner(True),
         max_transitions=available,
         params=params,
         device=device,
         fixed_bytes=fixed_bytes,
         input_bytes_per_transition=input_bytes_per_transition,
-        run_without_checkpointing=run_plain if checkpointed else None,
+        run_without_checkpointing=runner(False) if checkpointed else None,
     )
 
 
@@ -376,7 +309,7 @@ def fit_budget(
             f"memory_budget={memory_budget!r} ({budget.format_bytes(in_bytes)}) "
             f"is too small: one {unit} needs an estimated "
             f"{budget.format_bytes(profile.chunk_bytes(1, 1))} "
-            f"({profile.describe()})",
+            f"({profile.describe()})"
         )
     return cap, in_bytes
 
@@ -390,23 +323,15 @@ def budget_message(
     largest_batch: int,
     items: str = "pairs",
 ) -> str:
-    """One log line on what a budget holds.
+    """One log line on what a budget of ``budget_bytes`` holds.
 
-    Args:
-        budget_bytes: The budget.
-        profile: The probe's profile.
-        cap: Transitions per chunk that fit.
-        item: Transitions of the largest item.
-        largest_batch: Transitions of the largest batch.
-        items: What an item is called.
-
-    Returns:
-        The line.
+    ``cap``, ``item`` and ``largest_batch`` are the transitions of a chunk that
+    fits, of the largest item and of the largest batch; ``items`` names an item.
     """
     fits = (
         f"{cap // item} {items}"
         if cap >= item
-        else (f"less than one of {item} transitions: two passes")
+        else f"less than one of {item} transitions: two passes"
     )
     whole = budget.format_bytes(profile.chunk_bytes(largest_batch, largest_batch))
     return (
