@@ -120,18 +120,8 @@ class Acceleration:
                 str(error).replace("acceleration.", f"{name}.", 1)
             ) from None
 
-    def check_net(
-        self,
-        net: nn.Module,
-        activation_checkpointing: bool = False,
-        name: str = "acceleration",
-    ) -> None:
-        """Checks that the options suit ``net`` (before any training).
-
-        Args:
-            net: The reward net the trainer trains.
-            activation_checkpointing: Whether the trainer checkpoints activations.
-            name: The argument's name, for error messages.
+    def check_net(self, net: nn.Module, activation_checkpointing: bool = False) -> None:
+        """Checks that the options suit ``net`` and ``activation_checkpointing``.
 
         Raises:
             ValueError: if ``channels_last`` is asked for a net without a
@@ -140,19 +130,19 @@ class Acceleration:
         """
         if self.compile and activation_checkpointing:
             raise ValueError(
-                f"{name}.compile=True and activation_checkpointing=True: choose one "
-                "(the compiled forward would trace the checkpointed stacks)"
+                "acceleration.compile=True and activation_checkpointing=True: "
+                "choose one (the compiled forward would trace the checkpointed stacks)"
             )
         if self.channels_last and not checkpointable_cnns(net):
             raise ValueError(
-                f"{name}.channels_last=True needs a convolutional reward net (a "
+                "acceleration.channels_last=True needs a convolutional reward net (a "
                 "CnnRewardNet or BasicPotentialCNN inside it); "
                 f"{type(net).__name__} has none"
             )
         for module in net.modules() if self.compile else ():
             if isinstance(module, networks.BaseNorm):
                 raise ValueError(
-                    f"{name}.compile=True: the reward net holds a "
+                    "acceleration.compile=True: the reward net holds a "
                     f"{type(module).__name__}, whose statistics the rows that pad "
                     "ragged calls to a static shape would enter; train it without "
                     "compile"
@@ -183,10 +173,10 @@ class Acceleration:
 
 
 @contextlib.contextmanager
-def cudnn_benchmark(enabled: bool = True) -> Iterator[None]:
-    """``torch.backends.cudnn.benchmark`` set inside the context, restored after."""
+def cudnn_benchmark() -> Iterator[None]:
+    """``torch.backends.cudnn.benchmark`` on inside the context, restored after."""
     before = th.backends.cudnn.benchmark
-    th.backends.cudnn.benchmark = enabled
+    th.backends.cudnn.benchmark = True
     try:
         yield
     finally:
@@ -220,9 +210,7 @@ def parse_autocast_dtype(
     raise ValueError(f"{name} must be None, 'bfloat16' or 'float16'; got {value!r}")
 
 
-def check_supported(
-    dtype: Optional[th.dtype], device: th.device, name: str = "autocast_dtype"
-) -> None:
+def check_supported(dtype: Optional[th.dtype], device: th.device) -> None:
     """Checks that ``device`` can run the reward net under autocast in ``dtype``.
 
     float16 needs CUDA (its gradient scaling and fast kernels are CUDA's; on a CPU
@@ -236,17 +224,18 @@ def check_supported(
     label = {th.bfloat16: "bfloat16", th.float16: "float16"}[dtype]
     if not th.amp.is_autocast_available(device.type):
         raise ValueError(
-            f"{name}={label!r}: torch.autocast does not support {device.type} devices"
+            f"autocast_dtype={label!r}: torch.autocast does not support "
+            f"{device.type} devices"
         )
     if dtype == th.float16 and device.type != "cuda":
         raise ValueError(
-            f"{name}='float16' needs a CUDA device (the reward net is on "
+            f"autocast_dtype='float16' needs a CUDA device (the reward net is on "
             f"{device}); use 'bfloat16' there"
         )
     cuda_bf16 = dtype == th.bfloat16 and device.type == "cuda"
     if cuda_bf16 and not th.cuda.is_bf16_supported():
         raise ValueError(
-            f"{name}='bfloat16': {th.cuda.get_device_name(device)} does not "
+            f"autocast_dtype='bfloat16': {th.cuda.get_device_name(device)} does not "
             "support bfloat16; use 'float16'"
         )
 
@@ -269,9 +258,7 @@ def checkpointable_cnns(net: nn.Module) -> List[nn.Module]:
     return stacks
 
 
-def check_checkpointable(
-    net: nn.Module, name: str = "activation_checkpointing"
-) -> None:
+def check_checkpointable(net: nn.Module) -> None:
     """Checks that ``net`` has a CNN stack to checkpoint, free of norm layers.
 
     Raises:
@@ -281,15 +268,16 @@ def check_checkpointable(
     stacks = checkpointable_cnns(net)
     if not stacks:
         raise ValueError(
-            f"{name}=True needs a CnnRewardNet (or BasicPotentialCNN) in the reward "
-            f"net; {type(net).__name__} has none"
+            "activation_checkpointing=True needs a CnnRewardNet (or "
+            f"BasicPotentialCNN) in the reward net; {type(net).__name__} has none"
         )
     for stack in stacks:
         for module in stack.modules():
             if isinstance(module, networks.BaseNorm):
                 raise ValueError(
-                    f"{name}=True: the CNN holds a {type(module).__name__}, whose "
-                    "statistics a recomputation would update twice"
+                    "activation_checkpointing=True: the CNN holds a "
+                    f"{type(module).__name__}, whose statistics a recomputation "
+                    "would update twice"
                 )
 
 

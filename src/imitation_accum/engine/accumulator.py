@@ -12,6 +12,7 @@ import sys
 import time
 from typing import (
     Any,
+    Callable,
     Dict,
     Generic,
     List,
@@ -265,14 +266,14 @@ class GradientAccumulator(Generic[ChunkT]):
             th.cuda.reset_peak_memory_stats(device)
         self.optimizer.zero_grad(set_to_none=True)
         norm_snapshot = self.norms.snapshot()
-        rng_snapshot = RngState(device)
+        rewind_rng = _rng_rewinder(device)
         scaler_snapshot = self.scaler.state_dict() if self.scaler else None
         try:
             result = self._step(task, chunks, plan=plan, n_items=n_items)
         except BaseException:
             self.optimizer.zero_grad(set_to_none=True)
             self.norms.restore(norm_snapshot)
-            rng_snapshot.restore()
+            rewind_rng()
             if self.scaler is not None and self._scaler_pending:
                 # update() forgets this step's unscale record; the scale goes back.
                 self.scaler.update()
@@ -395,7 +396,7 @@ class GradientAccumulator(Generic[ChunkT]):
     ) -> List[ChunkLoss]:
         if not chunks:
             return []
-        start = RngState(self.device)  # pass 2 rewinds here, to draw pass 1's masks
+        rewind_rng = _rng_rewinder(self.device)  # pass 2 draws pass 1's masks
         sums: Any = 0
         with th.no_grad(), self.forward_context(grad=False):
             for chunk in chunks:
@@ -403,7 +404,7 @@ class GradientAccumulator(Generic[ChunkT]):
                     chunk, task.forward(chunk, forward_size).float()
                 )
         out, sums_grad = self._loss_of_sums(task, chunks, sums, n_items)
-        start.restore()
+        rewind_rng()
         for index, chunk in enumerate(chunks):
             with self._chunk_context(index, len(chunks)):
                 with self.forward_context(grad=True):
@@ -536,23 +537,17 @@ class GradientAccumulator(Generic[ChunkT]):
         return moments
 
 
-class RngState:
-    """The CPU and (on CUDA) device RNG states, for rewinding.
+def _rng_rewinder(device: th.device) -> Callable[[], None]:
+    """Puts the CPU and (on CUDA) ``device``'s RNG back where they are now."""
+    cpu = th.get_rng_state()
+    cuda = th.cuda.get_rng_state(device) if device.type == "cuda" else None
 
-    Args:
-        device: The device whose generator dropout draws from.
-    """
+    def rewind() -> None:
+        th.set_rng_state(cpu)
+        if cuda is not None:
+            th.cuda.set_rng_state(cuda, device)
 
-    def __init__(self, device: th.device) -> None:
-        self.cpu = th.get_rng_state()
-        self.cuda = th.cuda.get_rng_state(device) if device.type == "cuda" else None
-        self.device = device
-
-    def restore(self) -> None:
-        """Puts the generators back where they were when this was taken."""
-        th.set_rng_state(self.cpu)
-        if self.cuda is not None:
-            th.cuda.set_rng_state(self.cuda, self.device)
+    return rewind
 
 
 def forked_rng(device: th.device) -> contextlib.AbstractContextManager:
@@ -567,6 +562,9 @@ def total_norm(params: Sequence[th.Tensor]) -> th.Tensor:
     grads = [p.grad.detach() for p in params if p.grad is not None]
     if not grads:
         return th.zeros(())
+    get_total_norm = getattr(th.nn.utils, "get_total_norm", None)  # torch >= 2.6
+    if get_total_norm is not None:
+        return get_total_norm(grads)
     return th.linalg.vector_norm(th.stack([th.linalg.vector_norm(g) for g in grads]))
 
 

@@ -18,19 +18,15 @@ from torch import nn
 SUPPORTED_NORMS = (networks.RunningNorm, networks.EMANorm)
 
 
-def check_accumulable(net: nn.Module, argument: str = "reward net") -> None:
-    """Rejects layers whose training-mode output depends on the batch split.
-
-    Args:
-        net: The network to check.
-        argument: How the network is named in error messages.
+def check_accumulable(net: nn.Module) -> None:
+    """Rejects layers of ``net`` whose training-mode output depends on the batch split.
 
     Raises:
         ValueError: if ``net`` contains a batch-norm layer, or a subclass of
             imitation's ``BaseNorm`` whose update rule cannot be replayed.
     """
     for name, module in net.named_modules():
-        where = f"{argument} module '{name or '<root>'}' ({type(module).__name__})"
+        where = f"reward net module '{name or '<root>'}' ({type(module).__name__})"
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             raise ValueError(
                 f"{where} normalizes with the statistics of the current batch, so "
@@ -83,8 +79,10 @@ class Moments:
 
 #: Per layer, per call: the moments of that call's inputs over the whole batch.
 CallMoments = List[List[Moments]]
-#: Per layer, per call: the (mean, var) the call normalizes with.
-CallStats = List[List[Tuple[th.Tensor, th.Tensor]]]
+#: The (mean, var) a norm call normalizes with.
+Stats = Tuple[th.Tensor, th.Tensor]
+#: Per layer, per call: the statistics the call normalizes with.
+CallStats = List[List[Stats]]
 
 
 @dataclasses.dataclass
@@ -121,8 +119,7 @@ def _replay(layer: networks.BaseNorm, state: Dict[str, th.Tensor], m: Moments) -
 class NormReplay:
     """Reproduces one full-batch training forward's norm statistics across chunks.
 
-    Args:
-        net: The reward net that each reward-net call invokes (the root module).
+    ``net`` is the root module each reward-net call invokes.
 
     Raises:
         ValueError: if ``net`` contains a layer that cannot be accumulated exactly.
@@ -146,9 +143,9 @@ class NormReplay:
 
     @contextlib.contextmanager
     def _overriding(
-        self, normalize: Callable[[int, int, th.Tensor], th.Tensor]
+        self, stats_of: Callable[[int, int, th.Tensor], Stats]
     ) -> Iterator[None]:
-        """Call ``k`` of layer ``i`` in a net call returns ``normalize(i, k, x)``."""
+        """Call ``k`` of layer ``i`` (per net call) uses ``stats_of(i, k, x)``."""
 
         def reset_calls(*_: object) -> None:
             self._calls = [0] * len(self.layers)
@@ -156,7 +153,8 @@ class NormReplay:
         def make_forward(index: int) -> Callable[[th.Tensor], th.Tensor]:
             def forward(x: th.Tensor) -> th.Tensor:
                 self._calls[index] += 1
-                return normalize(index, self._calls[index] - 1, x)
+                mean, var = stats_of(index, self._calls[index] - 1, x)
+                return (x - mean) / th.sqrt(var + self.layers[index].eps)
 
             return forward
 
@@ -170,53 +168,35 @@ class NormReplay:
             for layer in self.layers:
                 del layer.forward
 
-    def _normalized(
-        self, index: int, x: th.Tensor, stats: Tuple[th.Tensor, th.Tensor]
-    ) -> th.Tensor:
-        mean, var = stats
-        return (x - mean) / th.sqrt(var + self.layers[index].eps)
-
     @contextlib.contextmanager
     def gathering(
         self, provisional: Optional[CallStats] = None
     ) -> Iterator[CallMoments]:
         """Records, per layer and call, the moments of the inputs of every net call.
 
-        Each call normalizes with ``provisional`` statistics (the layer's current
-        buffers if ``None``) and updates nothing.
-
-        Args:
-            provisional: Statistics to normalize with, as from :meth:`replay`.
+        Each call normalizes with ``provisional`` statistics (as from
+        :meth:`replay`; the layer's current buffers if ``None``) and updates nothing.
 
         Yields:
             The moments gathered so far; complete once the context exits.
         """
         gathered: CallMoments = [[] for _ in self.layers]
 
-        def normalize(index: int, call: int, x: th.Tensor) -> th.Tensor:
+        def stats_of(index: int, call: int, x: th.Tensor) -> Stats:
             calls = gathered[index]
             if call < len(calls):
                 calls[call] = calls[call].merge(Moments.of(x))
             else:
                 calls.append(Moments.of(x))
-            layer = self.layers[index]
-            stats = (layer.running_mean, layer.running_var)
             if provisional is not None and call < len(provisional[index]):
-                stats = provisional[index][call]
-            return self._normalized(index, x, stats)
+                return provisional[index][call]
+            return self.layers[index].running_mean, self.layers[index].running_var
 
-        with self._overriding(normalize):
+        with self._overriding(stats_of):
             yield gathered
 
     def replay(self, moments: CallMoments) -> ReplayedStatistics:
-        """Replays each layer's update rule call by call over the gathered moments.
-
-        Args:
-            moments: Per layer, per call, the moments over the whole batch.
-
-        Returns:
-            The statistics each call normalizes with, and the final buffers.
-        """
+        """Replays each layer's update rule call by call over the batch's moments."""
         per_call: CallStats = []
         final: List[Dict[str, th.Tensor]] = []
         for layer, calls in zip(self.layers, moments):
@@ -233,16 +213,9 @@ class NormReplay:
 
     @contextlib.contextmanager
     def replaying(self, stats: ReplayedStatistics) -> Iterator[None]:
-        """Normalizes call ``k`` of each layer with its replayed statistics.
+        """Normalizes call ``k`` of each layer with its ``stats``; updates nothing."""
 
-        Args:
-            stats: The result of :meth:`replay`.
-
-        Yields:
-            None; statistics are not updated within the context.
-        """
-
-        def normalize(index: int, call: int, x: th.Tensor) -> th.Tensor:
+        def stats_of(index: int, call: int, x: th.Tensor) -> Stats:
             calls = stats.per_call[index]
             if call >= len(calls):
                 raise RuntimeError(
@@ -250,9 +223,9 @@ class NormReplay:
                     f"{call + 1} times in one reward-net call, but only {len(calls)} "
                     "times per call in the statistics pre-pass"
                 )
-            return self._normalized(index, x, calls[call])
+            return calls[call]
 
-        with self._overriding(normalize):
+        with self._overriding(stats_of):
             yield
 
     @contextlib.contextmanager
@@ -297,14 +270,8 @@ def settled_statistics(
     A layer whose input depends on another norm layer's output needs the pre-pass
     repeated until the gathered moments stop changing; whether the net is like
     that is learnt on the first step by running a second pass (``norms.chained``).
-
-    Args:
-        norms: The net's norm layers.
-        gather: Runs one pre-pass, normalizing with the given provisional per-call
-            statistics (``None`` at first); returns the moments every call saw.
-
-    Returns:
-        The replayed statistics.
+    ``gather(provisional)`` runs one pre-pass, normalizing with the provisional
+    per-call statistics (``None`` at first), and returns the moments every call saw.
 
     Raises:
         RuntimeError: if the moments do not settle.

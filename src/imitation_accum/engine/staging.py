@@ -49,26 +49,6 @@ class Transport(Protocol):
         """The tensors of ``pending``, usable on the current stream."""
 
 
-class HostTransport:
-    """Arrays to tensors on ``device`` at once, synchronously (CPU: no copy)."""
-
-    def __init__(self, device: th.device) -> None:
-        self.device = device
-
-    def send(self, arrays: MaybeArrays) -> Pending:
-        """Converts ``arrays`` now."""
-        return Pending(
-            [
-                None if a is None else util.safe_to_tensor(a).to(self.device)
-                for a in arrays
-            ]
-        )
-
-    def wait(self, pending: Pending) -> MaybeTensors:
-        """The tensors, ready."""
-        return pending.tensors
-
-
 class CudaTransport:
     """Copies through page-locked buffers on a side CUDA stream.
 
@@ -141,8 +121,8 @@ class Stager(Generic[ChunkT]):
     """Moves each chunk's host arrays to the device, one chunk ahead.
 
     Args:
-        transport: How arrays reach the device; by default chosen per device at
-            :meth:`schedule` (pinned buffers on CUDA).
+        transport: How arrays reach the device. By default: through pinned
+            buffers on CUDA; elsewhere arrays become tensors when fetched.
 
     Example:
         >>> stager = Stager()  # doctest: +SKIP
@@ -168,20 +148,16 @@ class Stager(Generic[ChunkT]):
     ) -> None:
         """Sets the chunks of a step, in the order they will be fetched.
 
-        Copies under way for an earlier schedule are dropped, once the compute
-        stream has waited for them (their memory may then be reused safely).
-
-        Args:
-            chunks: The step's chunks.
-            host_arrays: A chunk's host arrays (``None`` entries are kept).
-            device: Where the arrays go.
+        ``host_arrays(chunk)`` lists a chunk's arrays (``None`` entries are kept);
+        they go to ``device``. Copies under way for an earlier schedule are dropped,
+        once the compute stream has waited for them.
         """
         if self.transport is not None:
             for pending in self._pending.values():
                 self.transport.wait(pending)
         if self._fixed_transport is None and device != self._device:
             cuda = device.type == "cuda"
-            self.transport = CudaTransport(device) if cuda else HostTransport(device)
+            self.transport = CudaTransport(device) if cuda else None
         self._device = device
         self._host_arrays = host_arrays
         self._chunks = list(chunks)  # keeps the ids below valid
@@ -191,16 +167,14 @@ class Stager(Generic[ChunkT]):
     def fetch(self, chunk: ChunkT) -> MaybeTensors:
         """``chunk``'s arrays on the device; starts moving the next chunk's.
 
-        Args:
-            chunk: A scheduled chunk (one fetched again, as in a second pass, is
-                copied again).
-
-        Returns:
-            Its arrays as device tensors, in the order ``host_arrays`` lists them.
+        A chunk fetched again, as in a second pass, is copied again.
         """
-        assert self.transport is not None and self._host_arrays is not None, (
-            "schedule() the chunks first"
-        )
+        assert self._host_arrays is not None, "schedule() the chunks first"
+        if self.transport is None:
+            return [
+                None if a is None else util.safe_to_tensor(a).to(self._device)
+                for a in self._host_arrays(chunk)
+            ]
         pending = self._pending.pop(id(chunk), None)
         if pending is None:
             pending = self.transport.send(self._host_arrays(chunk))
@@ -275,13 +249,9 @@ class RangeStager(Generic[ChunkT]):
         *,
         next_obs: bool,
     ) -> None:
-        """Sets the chunks of a step and the ranges each one reads.
+        """Sets the chunks of a step and the ``ranges`` each one reads.
 
-        Args:
-            chunks: The step's chunks, in the order they will be fetched.
-            ranges: A chunk's ranges.
-            device: Where the inputs go.
-            next_obs: Whether next observations are gathered and moved too.
+        As :meth:`Stager.schedule`; ``next_obs``: whether next observations go too.
         """
         self._ranges = ranges
 

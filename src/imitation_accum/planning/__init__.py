@@ -1,9 +1,4 @@
-"""Planning: how each step's batch is cut into chunks and reward-net calls.
-
-:class:`StepPolicy` is a trainer's policy, plain data; :func:`plan_step` turns it
-and a batch's lengths into the :class:`StepPlan` the engine runs. Memory budgets
-and the saved-bytes probe give the policy its memory cap and default call size.
-"""
+"""Planning: how each step's batch is cut into chunks and reward-net calls."""
 
 from imitation_accum.planning.plan import (
     StepPlan,

@@ -160,12 +160,6 @@ def training_state_bytes(optimizer: th.optim.Optimizer) -> int:
     Optimizer state that does not exist yet (before the first step) is estimated
     from the optimizer's class (two parameter-sized tensors for Adam/AdamW, and
     for an optimizer this function does not know).
-
-    Args:
-        optimizer: The optimizer of the reward net.
-
-    Returns:
-        Bytes.
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]
     param_bytes = _tensor_bytes(params)
@@ -184,16 +178,10 @@ def resident_training_bytes(optimizer: th.optim.Optimizer) -> int:
 
 
 def resolve_budget(budget: Budget, device: th.device, resident_bytes: int) -> int:
-    """The budget in bytes; ``"auto"`` takes a share of the free memory.
+    """The budget in bytes; ``"auto"`` takes a share of ``device``'s free memory.
 
-    Args:
-        budget: Bytes or ``"auto"``.
-        device: The reward net's device.
-        resident_bytes: Training state already allocated on the device (it is
-            part of what the budget covers, but no longer free).
-
-    Returns:
-        Bytes.
+    ``resident_bytes``, training state already allocated on the device, is part of
+    what an ``"auto"`` budget covers, though no longer free.
     """
     if budget != AUTO:
         return int(budget)
@@ -206,12 +194,9 @@ def check_holds_training_state(
     optimizer: th.optim.Optimizer,
     what: str = "the parameters, their gradients and the optimizer state",
 ) -> None:
-    """Checks that a budget in bytes holds the training state, before training.
+    """Checks that a budget in bytes holds the training state of ``optimizer``.
 
-    Args:
-        memory_budget: The parsed budget (``None`` and ``"auto"`` pass).
-        optimizer: The optimizer of the parameters.
-        what: What the state is, for the message.
+    ``None`` and ``"auto"`` pass; ``what`` names the state in the message.
 
     Raises:
         ValueError: if the budget is smaller.
@@ -250,12 +235,8 @@ def beyond_memory(
 
     Such a budget plans chunks that cannot fit, and fails only once training
     allocates them; a typo (``"600GiB"`` for ``"6GiB"``) is the usual cause.
-
-    Args:
-        memory_budget: The parsed budget (``None`` and ``"auto"`` pass).
-        total: The memory there is, in bytes (0: unknown, nothing said).
-        where: Whose memory that is, for the message.
-        name: The argument's name, for the message.
+    ``None``, ``"auto"`` and an unknown ``total`` (0) pass; ``where`` says whose
+    memory ``total`` is, ``name`` the argument's name.
 
     Returns:
         The message, or ``None`` if the budget fits.
@@ -268,15 +249,13 @@ def beyond_memory(
     )
 
 
-def check_fits_device(
-    memory_budget: Optional[Budget], device: th.device, name: str = "memory_budget"
-) -> None:
+def check_fits_device(memory_budget: Optional[Budget], device: th.device) -> None:
     """Refuses a budget in bytes larger than all of ``device``'s memory.
 
     Raises:
-        ValueError: naming ``name``, the budget and the device's memory.
+        ValueError: naming the budget and the device's memory.
     """
     total = _device_total_bytes(device)
-    message = beyond_memory(memory_budget, total, f"the {device} device", name)
+    message = beyond_memory(memory_budget, total, f"the {device} device")
     if message is not None:
         raise ValueError(message)

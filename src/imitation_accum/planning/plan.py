@@ -31,16 +31,10 @@ def pair_chunks(
     max_items: Optional[int],
     max_transitions: Optional[int],
 ) -> List[slice]:
-    """Cuts consecutive items into chunks of limited items and transitions.
+    """Slices of consecutive items, at most ``max_items`` and ``max_transitions``.
 
-    Args:
-        item_transitions: Transitions of each item of the batch, in order.
-        max_items: Items per chunk; ``None`` for no limit.
-        max_transitions: Transitions per chunk; ``None`` for no limit. An item
-            larger than this gets a chunk of its own.
-
-    Returns:
-        Slices covering every item in order.
+    ``None`` is no limit; an item larger than ``max_transitions`` gets a chunk of
+    its own.
     """
     if max_transitions is None:
         return plan_chunks(len(item_transitions), max_items)

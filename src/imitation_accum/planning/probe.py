@@ -240,23 +240,13 @@ def profile_calls(
     input_bytes_per_transition: float,
     checkpointed: bool,
 ) -> ActivationProfile:
-    """:func:`profile_activations` on the first transitions of a sample.
+    """:func:`profile_activations` of ``call(0, n)``, run in ``measuring(ckpt)``.
 
-    Args:
-        call: ``call(start, stop)``: one reward-net call on transitions
-            ``[start, stop)`` of the sample, as a step makes it.
-        available: Transitions the sample holds.
-        measuring: ``measuring(checkpointing)``: the context the calls run in,
-            leaving no trace on the RNG or norm statistics.
-        params: As for :func:`profile_activations`.
-        device: As for :func:`profile_activations`.
-        fixed_bytes: As for :func:`profile_activations`.
-        input_bytes_per_transition: As for :func:`profile_activations`.
-        checkpointed: Whether the step checkpoints activations (then the probe
-            also measures a call without checkpointing).
-
-    Returns:
-        The profile.
+    ``call(start, stop)`` is one reward-net call on transitions of a sample of
+    ``available``, as a step makes it; ``measuring(checkpointing)`` is the context
+    it runs in, leaving no trace on the RNG or norm statistics. ``checkpointed``
+    steps are also measured without checkpointing. The other arguments are
+    :func:`profile_activations`'s.
     """
 
     def runner(checkpointing: bool) -> Callable[[int], th.Tensor]:
