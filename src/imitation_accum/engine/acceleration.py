@@ -90,9 +90,6 @@ class Acceleration:
                 of its fields (as a sacred config gives it).
             name: The argument's name, for error messages.
 
-        Returns:
-            The options.
-
         Raises:
             ValueError: for an unknown field or a value of the wrong type, naming
                 it as ``<name>.<field>``.

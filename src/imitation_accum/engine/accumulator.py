@@ -137,11 +137,9 @@ class GradientAccumulator(Generic[ChunkT]):
             ``RunningNorm``/``EMANorm`` layers get full-batch statistics.
         optimizer: The optimizer to step once per batch.
         regularizer: imitation regularizer, applied once per step.
-        max_grad_norm: If given, the total gradient norm is clipped to it once per
-            step.
-        autocast_dtype: Run reward-net forwards under ``torch.autocast`` in this
-            dtype (see :meth:`configure`).
-        activation_checkpointing: Checkpoint the CNN stacks of the net.
+        max_grad_norm: If given, the gradient norm is clipped to it once per step.
+        autocast_dtype: As for :meth:`configure`.
+        activation_checkpointing: As for :meth:`configure`.
 
     Raises:
         ValueError: if ``net`` holds a layer that couples the items of a batch.
@@ -520,15 +518,15 @@ class GradientAccumulator(Generic[ChunkT]):
         self, outs: Sequence[ChunkLoss], names: Sequence[str], n_items: int
     ) -> Dict[str, float]:
         """Each metric summed over the chunks and all processes, over ``n_items``."""
-        sums: Dict[str, Any] = dict.fromkeys(names, 0.0)
+        sums: Dict[str, Any] = {}
         for out in outs:
             for name, value in out.metric_sums.items():
-                sums[name] = sums.get(name, 0.0) + value
-        device = self.device
-        return {
-            name: float(self._global_sum(th.as_tensor(value, device=device))) / n_items
-            for name, value in sums.items()
-        }
+                sums[name] = sums.get(name, 0) + value
+        means = {}
+        for name in dict.fromkeys([*names, *sums]):
+            value = th.as_tensor(sums.get(name, 0.0), device=self.device)
+            means[name] = float(self._global_sum(value)) / n_items
+        return means
 
     def _all_reduce_moments(
         self, moments: norm_replay.CallMoments

@@ -231,14 +231,10 @@ class NormReplay:
     @contextlib.contextmanager
     def frozen(self) -> Iterator[None]:
         """Normalizes with the current buffers and updates nothing."""
-        modes = [layer.training for layer in self.layers]
-        for layer in self.layers:
-            layer.train(False)
-        try:
+        with contextlib.ExitStack() as stack:
+            for layer in self.layers:
+                stack.enter_context(networks.evaluating(layer))
             yield
-        finally:
-            for layer, mode in zip(self.layers, modes):
-                layer.train(mode)
 
     def commit(self, stats: ReplayedStatistics) -> None:
         """Writes the final replayed statistics into the layers' buffers."""

@@ -218,11 +218,7 @@ def _device_total_bytes(device: th.device) -> int:
 
 
 def machine_bytes() -> int:
-    """The most memory any device of this machine has: the host's or a GPU's.
-
-    Returns:
-        Bytes (0 if none can be read).
-    """
+    """The most memory any device of this machine has, host or GPU (0: unknown)."""
     gpus = range(th.cuda.device_count() if th.cuda.is_available() else 0)
     devices = [th.device("cpu"), *(th.device("cuda", index) for index in gpus)]
     return max(_device_total_bytes(device) for device in devices)

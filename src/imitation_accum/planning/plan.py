@@ -190,9 +190,6 @@ def plan_step(item_transitions: np.ndarray, policy: StepPolicy) -> StepPlan:
             whose sides are laid out mirrored (fragment pairs).
         policy: The trainer's policy.
 
-    Returns:
-        The plan.
-
     Raises:
         ValueError: if ``two_pass=False`` is pinned but one item exceeds the
             memory cap.

@@ -203,9 +203,6 @@ def profile_activations(
         input_bytes_per_transition: Bytes of one transition's converted inputs.
         run_without_checkpointing: The same call without activation
             checkpointing, if ``run`` checkpoints: what a recomputation holds.
-
-    Returns:
-        The profile.
     """
     sizes = sorted({max(1, min(2, max_transitions)), max(1, min(4, max_transitions))})
     measured = [measure_saved_bytes(run, n, params, device) for n in sizes]
