@@ -1,23 +1,14 @@
 """A drop-in for imitation's ``PreferenceDataset`` that keeps every frame once.
 
-imitation's dataset keeps each fragment's observation array, and a fragment is a
-view into its agent trajectory: frame-stacked Atari observations repeat every
-frame ``k`` times, and a kept fragment keeps its whole episode alive. This
-dataset copies what it is given on :meth:`~PreferenceDataset.push` into a few
-arrays (see :mod:`~imitation_accum.preference.frame_stacks` for how frame stacks
-are split), evicts the oldest pairs beyond ``max_size`` and frees their frames,
-and saves to a pickle-free, memory-mappable directory
-(:mod:`imitation_accum.io.frame_store`), whose arrays are checked against each
-other when it is loaded. The trainers gather a chunk's frames from those arrays
-directly (:mod:`imitation_accum.preference.pair_table`).
-
-Reading an item materializes its fragments (``TrajectoryWithRew`` objects with
-observations as imitation's), so code written for imitation's dataset keeps
-working; ``fragments1``, ``fragments2`` and ``preferences`` are read-only views.
-A fragment's ``infos`` are kept as JSON: numpy arrays and scalars round-trip
-exactly; any other object is kept as its ``repr`` (with a warning), since only a
-pickle could keep it as it was. A dataset imitation pickled is read back with
-:func:`read_imitation_pickle`.
+imitation keeps each fragment's observations, views into whole episodes that
+repeat each stacked frame ``k`` times. :meth:`PreferenceDataset.push` copies pairs
+into a few :class:`RowStore` arrays, frame stacks split into distinct frames
+(:class:`StackLayout`), evicts the oldest pairs beyond ``max_size`` and frees their
+frames; :meth:`~PreferenceDataset.save` writes a pickle-free, memory-mappable store
+(:mod:`imitation_accum.io.frame_store`), checked when loaded. Items read as
+imitation's (``TrajectoryWithRew`` fragments); ``infos`` are kept as JSON (numpy
+values round-trip, other objects as their ``repr``). The trainers gather frames
+from the arrays by id (:mod:`imitation_accum.preference.pair_table`).
 
 Example:
     >>> from imitation_accum import PreferenceDataset  # doctest: +SKIP
@@ -27,6 +18,7 @@ Example:
     >>> shared = PreferenceDataset.load("preferences.store")  # memory-mapped
 """
 
+import dataclasses
 import json
 import pathlib
 import pickle
@@ -37,10 +29,9 @@ import numpy as np
 from imitation.algorithms import preference_comparisons as pc
 from imitation.data import types
 from imitation.util import util
+from numpy.typing import DTypeLike
 
 from imitation_accum.io import frame_store
-from imitation_accum.preference import frame_stacks
-from imitation_accum.preference.row_store import RowStore
 
 AnyPath = types.AnyPath
 Fragment = types.Trajectory
@@ -66,6 +57,236 @@ _ARRAYS = (
 # An array's rows: their shape and dtype.
 _RowType = Tuple[Tuple[int, ...], np.dtype]
 
+#: Bytes per segment of appended rows (pages are touched only as rows fill them).
+SEGMENT_BYTES = 64 * 2**20
+
+
+class RowStore:
+    """Rows of one shape and dtype, addressed by an id that counts every append.
+
+    Rows live in segments of :data:`SEGMENT_BYTES`: appending never copies what is
+    stored, and dropping the oldest rows frees every segment they fill, so a
+    bounded dataset keeps bounded memory. A memory-mapped array is one read-only
+    segment. Ids held elsewhere stay valid when older rows are dropped.
+
+    Args:
+        row_shape: Shape of one row.
+        dtype: Their dtype.
+    """
+
+    def __init__(self, row_shape: Sequence[int], dtype: DTypeLike) -> None:
+        self.row_shape: Tuple[int, ...] = tuple(int(n) for n in row_shape)
+        self.dtype = np.dtype(dtype)
+        row_bytes = max(1, int(np.prod(self.row_shape)) * self.dtype.itemsize)
+        self._segment_rows = max(1, SEGMENT_BYTES // row_bytes)
+        # Segments in id order: (id of row 0, array, rows filled).
+        self._segments: List[Tuple[int, np.ndarray, int]] = []
+        self.first = 0
+        """Id of the oldest live row."""
+        self.stop = 0
+        """One past the id of the newest row."""
+
+    @classmethod
+    def of_array(cls, array: np.ndarray) -> "RowStore":
+        """A store holding ``array`` as is (memory-mapped, say), from id 0."""
+        store = cls(array.shape[1:], array.dtype)
+        store._segments.append((0, array, len(array)))
+        store.stop = len(array)
+        return store
+
+    def __len__(self) -> int:
+        return self.stop - self.first
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the live rows."""
+        return len(self) * int(np.prod(self.row_shape)) * self.dtype.itemsize
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of the segments held (appended segments: their full size)."""
+        return sum(array.nbytes for _, array, _ in self._segments)
+
+    def append(self, rows: np.ndarray) -> int:
+        """Copies ``rows`` in at the back (cast to this dtype); returns the first id."""
+        first_id = self.stop
+        done = 0
+        while done < len(rows):
+            if not self._segments or self._full(self._segments[-1]):
+                array = np.empty((self._segment_rows, *self.row_shape), self.dtype)
+                self._segments.append((self.stop, array, 0))
+            start, array, filled = self._segments[-1]
+            n = min(len(array) - filled, len(rows) - done)
+            array[filled : filled + n] = rows[done : done + n]
+            self._segments[-1] = (start, array, filled + n)
+            done += n
+            self.stop += n
+        return first_id
+
+    @staticmethod
+    def _full(segment: Tuple[int, np.ndarray, int]) -> bool:
+        _, array, filled = segment
+        return filled == len(array) or not array.flags.writeable
+
+    def drop_before(self, row_id: int) -> None:
+        """Drops the rows before ``row_id``, freeing segments left with no live row."""
+        self.first = max(self.first, min(int(row_id), self.stop))
+        while self._segments:
+            start, _, filled = self._segments[0]
+            if start + filled > self.first:
+                break
+            self._segments.pop(0)
+
+    def take(self, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` (any shape of ids), gathered into one new contiguous array.
+
+        Raises:
+            IndexError: if an id is not live.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        flat = ids.reshape(-1)
+        if len(flat) and (flat.min() < self.first or flat.max() >= self.stop):
+            raise IndexError(
+                f"row ids [{flat.min()}, {flat.max()}] outside the live rows "
+                f"[{self.first}, {self.stop})",
+            )
+        out_shape = (*ids.shape, *self.row_shape)
+        if len(self._segments) == 1:
+            start, array, _ = self._segments[0]
+            return array[flat - start].reshape(out_shape)
+        starts = np.array([seg[0] for seg in self._segments], dtype=np.int64)
+        which = np.searchsorted(starts, flat, side="right") - 1
+        out = np.empty((len(flat), *self.row_shape), self.dtype)
+        for s in np.unique(which):
+            mask = which == s
+            start, array, _ = self._segments[s]
+            out[mask] = array[flat[mask] - start]
+        return out.reshape(out_shape)
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """A copy of rows ``[start, stop)`` (ids)."""
+        return self.take(np.arange(start, stop, dtype=np.int64))
+
+    def blocks(self) -> List[np.ndarray]:
+        """The live rows as views of consecutive blocks (for writing them out)."""
+        out = []
+        for start, array, filled in self._segments:
+            lo = max(self.first, start) - start
+            hi = min(self.stop, start + filled) - start
+            if hi > lo:
+                out.append(array[lo:hi])
+        return out
+
+    def to_array(self) -> np.ndarray:
+        """The live rows as one new array."""
+        blocks = self.blocks()
+        if not blocks:
+            return np.empty((0, *self.row_shape), self.dtype)
+        return np.concatenate(blocks)
+
+
+@dataclasses.dataclass(frozen=True)
+class StackLayout:
+    """How observations split into frames.
+
+    SB3's ``VecFrameStack`` concatenates the last ``k`` frames of ``c`` channels
+    on the last axis, oldest first, so observation ``t + 1`` is observation ``t``
+    shifted by one frame. Where that shift holds bit for bit, an observation
+    stores one new frame; elsewhere (an episode start, data that is not a stack)
+    all ``k``: decoding is exact whatever the data.
+
+    Attributes:
+        obs_shape: Shape of one observation.
+        channels: Channels per frame on the last axis (``obs_shape[-1]`` when
+            observations are not split).
+    """
+
+    obs_shape: Tuple[int, ...]
+    channels: int
+
+    @property
+    def depth(self) -> int:
+        """Frames per observation (``k``)."""
+        return self.obs_shape[-1] // self.channels if self.obs_shape else 1
+
+    @property
+    def frame_shape(self) -> Tuple[int, ...]:
+        """Shape of one frame."""
+        return (*self.obs_shape[:-1], self.channels) if self.obs_shape else ()
+
+    def split(self, obs: np.ndarray) -> np.ndarray:
+        """Observations ``(n, *obs_shape)`` as a view ``(n, k, *frame_shape)``."""
+        if self.depth == 1:
+            return obs[:, None]
+        frames = obs.reshape(*obs.shape[:-1], self.depth, self.channels)
+        return np.moveaxis(frames, -2, 1)
+
+    def stack(self, frames: np.ndarray) -> np.ndarray:
+        """Frames ``(n, k, *frame_shape)`` stacked into new contiguous observations."""
+        out = np.empty((len(frames), *self.obs_shape), frames.dtype)
+        np.copyto(self.split(out), frames)
+        return out
+
+
+def _shifts(obs: np.ndarray, layout: StackLayout) -> np.ndarray:
+    """Whether each observation after the first is its predecessor shifted a frame."""
+    if layout.depth == 1 or len(obs) < 2:
+        return np.zeros(max(len(obs) - 1, 0), dtype=bool)
+    c = layout.channels
+    same = obs[1:, ..., :-c] == obs[:-1, ..., c:]
+    return same.reshape(len(obs) - 1, -1).all(1)
+
+
+def choose_layout(observations: Sequence[np.ndarray]) -> StackLayout:
+    """The layout that stores ``observations`` (fragments' arrays) in fewest bytes.
+
+    Candidates: no split, then every split of the last axis into ``k >= 2`` frames,
+    fewer and larger frames first; ties keep the earlier candidate.
+    """
+    obs_shape = tuple(observations[0].shape[1:])
+    whole = StackLayout(obs_shape, obs_shape[-1] if obs_shape else 1)
+    if len(obs_shape) < 2:  # vectors and scalars are not frame stacks
+        return whole
+    last = obs_shape[-1]
+    best, best_bytes = whole, sum(len(o) for o in observations) * last
+    for channels in sorted((c for c in range(1, last) if last % c == 0), reverse=True):
+        layout = StackLayout(obs_shape, channels)
+        n_frames = 0
+        for obs in observations:
+            shared = _shifts(obs, layout)
+            n_frames += layout.depth * (1 + int((~shared).sum())) + int(shared.sum())
+        if channels * n_frames < best_bytes:
+            best, best_bytes = layout, channels * n_frames
+    return best
+
+
+def encode_frames(
+    obs: np.ndarray, layout: StackLayout
+) -> Tuple[np.ndarray, np.ndarray]:
+    """One fragment's observations as distinct frames plus frame indices.
+
+    Returns:
+        ``(frames, rows)``: new frames ``(m, *frame_shape)`` (sharing no memory
+        with ``obs``) and, per observation, the indices of its ``k`` frames in
+        ``frames``, shape ``(n, k)``, oldest first.
+    """
+    k = layout.depth
+    shared = _shifts(obs, layout)
+    # Which (observation, slot) pairs bring a new frame: all k slots of the first
+    # observation and of any that is not a shift, else only the newest slot.
+    new = np.ones((len(obs), k), dtype=bool)
+    new[1:][shared, :-1] = False
+    ids = np.cumsum(new.reshape(-1)).reshape(new.shape) - 1
+    rows = np.empty((len(obs), k), dtype=np.int64)
+    rows[0] = ids[0]
+    for t in range(1, len(obs)):
+        if shared[t - 1]:
+            rows[t, :-1] = rows[t - 1, 1:]
+            rows[t, -1] = ids[t, -1]
+        else:
+            rows[t] = ids[t]
+    return layout.split(obs)[new], rows  # boolean indexing copies
+
 
 class PreferenceDataset(ImitationPreferenceDataset):
     """Fragment pairs and preferences, every distinct frame stored once.
@@ -87,7 +308,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
         if max_size is not None and max_size < 1:
             raise ValueError(f"max_size={max_size} must be at least 1 (or None)")
         self.max_size = max_size
-        self._layout: Optional[frame_stacks.StackLayout] = None
+        self._layout: Optional[StackLayout] = None
         self._columns: Dict[str, RowStore] = {}
         self._fingerprint: Optional[str] = None
         self._source: Optional[pathlib.Path] = None
@@ -129,7 +350,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
         return self._columns["preferences"].to_array().astype(np.float64)
 
     @property
-    def layout(self) -> Optional[frame_stacks.StackLayout]:
+    def layout(self) -> Optional[StackLayout]:
         """How observations split into frames (``None`` before the first push)."""
         return self._layout
 
@@ -244,7 +465,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
                 _check_row_types(frag, name, reference, ", but fragments[0][0] has")
         if not self._columns:
             observations = [np.asarray(f.obs) for f in flat]
-            self._create(frame_stacks.choose_layout(observations), flat[0])
+            self._create(choose_layout(observations), flat[0])
         for frag in flat:
             self._append(frag)
         self._columns["preferences"].append(preferences)
@@ -267,7 +488,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
         )
         _check_row_types(frag, name, expected, "; this dataset holds")
 
-    def _create(self, layout: frame_stacks.StackLayout, first: Fragment) -> None:
+    def _create(self, layout: StackLayout, first: Fragment) -> None:
         obs, acts = np.asarray(first.obs), np.asarray(first.acts)
         rews = getattr(first, "rews", None)
         self._layout = layout
@@ -285,7 +506,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
     def _append(self, frag: Fragment) -> None:
         assert self._layout is not None
         cols = self._columns
-        frames, rows = frame_stacks.encode(np.asarray(frag.obs), self._layout)
+        frames, rows = encode_frames(np.asarray(frag.obs), self._layout)
         frame_id = cols["frames"].append(frames)
         obs_id = cols["obs_frames"].append(rows + frame_id)
         trans_id = cols["acts"].append(np.asarray(frag.acts))
@@ -554,7 +775,7 @@ def _check_store(
     directory: pathlib.Path,
     manifest: Mapping[str, Any],
     arrays: Mapping[str, np.ndarray],
-) -> frame_stacks.StackLayout:
+) -> StackLayout:
     """Checks a store's arrays against each other and its metadata.
 
     Each file has been checked against the manifest (shape, dtype, size, and the
@@ -574,7 +795,7 @@ def _check_store(
     """
     try:
         metadata = manifest["metadata"]
-        layout = frame_stacks.StackLayout(
+        layout = StackLayout(
             tuple(int(n) for n in metadata["obs_shape"]),
             int(metadata["channels"]),
         )

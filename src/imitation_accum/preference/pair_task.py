@@ -52,7 +52,7 @@ from imitation_accum.engine.accumulator import ChunkLoss
 from imitation_accum.nets import input_preparation
 from imitation_accum.nets.input_preparation import NetInputs
 from imitation_accum.planning.plan import StepPlan
-from imitation_accum.preference import fragments, pair_table
+from imitation_accum.preference import pair_table
 
 #: A one-pass batch whose converted reward-net inputs take at most this many
 #: bytes is gathered and converted once per step, its chunks' calls slicing it
@@ -137,7 +137,7 @@ def preference_losses(
 class PairChunk:
     """Consecutive fragment pairs of a batch, ready for the reward net."""
 
-    layouts: Tuple[fragments.FragmentLayout, fragments.FragmentLayout]
+    layouts: Tuple[pair_table.FragmentLayout, pair_table.FragmentLayout]
     """Fragments ``[a0, a1, ...]`` and ``[b0, b1, ...]``, each laid end to end."""
     preferences: th.Tensor
     """Probability that fragment ``a_i`` is preferred, on the net's device."""
@@ -274,7 +274,9 @@ class PreferenceTask:
             self._to_device(dones),
         )
 
-    def discount_weights(self, layout: fragments.FragmentLayout) -> Optional[th.Tensor]:
+    def discount_weights(
+        self, layout: pair_table.FragmentLayout
+    ) -> Optional[th.Tensor]:
         """Per transition of ``layout``, its discount weight, on the device.
 
         Returns:
@@ -543,7 +545,7 @@ class _Placement(NamedTuple):
     """Per side, the transitions of each chunk."""
     pair_counts: List[int]
     """Pairs per chunk."""
-    chunk_layouts: List[Tuple[fragments.FragmentLayout, fragments.FragmentLayout]]
+    chunk_layouts: List[Tuple[pair_table.FragmentLayout, pair_table.FragmentLayout]]
     chunk_discounts: List[Tuple[Optional[th.Tensor], Optional[th.Tensor]]]
 
 
@@ -573,7 +575,7 @@ class ConvertedBatches:
 
     def _input_bytes(self, table: pair_table.PreferenceTable) -> int:
         """Bytes of one transition's converted inputs (float32 observations)."""
-        frame: np.ndarray = table.pairs[0][0].obs  # type: ignore[assignment]
+        frame = table.first_obs()
         width = int(np.prod(frame.shape[1:])) * 4
         return width * (2 if self.task.inputs.reads_next_state else 1)
 
@@ -735,13 +737,13 @@ def _placed(
     table: pair_table.PreferenceTable,
     pairs: np.ndarray,
     side: int,
-) -> fragments.FragmentLayout:
+) -> pair_table.FragmentLayout:
     """Where the ``side`` fragments of ``pairs`` lie end to end, without them.
 
     It holds no fragment, so a cached placement serves every batch of the same
     lengths and terminal flags; its calls read inputs converted beforehand.
     """
-    return fragments.FragmentLayout.from_arrays(
+    return pair_table.FragmentLayout.from_arrays(
         (), table.lengths[pairs, side], table.terminal[pairs, side]
     )
 

@@ -452,7 +452,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
 
     def _profile(self, table: pair_table.PreferenceTable) -> probe.ActivationProfile:
         """What a few reward-net calls on the first pair keep for backward; cached."""
-        frame = np.asarray(table.pairs[0][0].obs)
+        frame = table.first_obs()
         engine = self.engine
         key = (
             frame.shape[1:],
