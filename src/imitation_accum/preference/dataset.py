@@ -23,7 +23,7 @@ import json
 import pathlib
 import pickle
 import warnings
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from imitation.algorithms import preference_comparisons as pc
@@ -323,14 +323,9 @@ class PreferenceDataset(ImitationPreferenceDataset):
 
         A slice gives ``((fragments_1, fragments_2), preferences)``.
         """
-        if isinstance(key, slice):
-            pairs = range(len(self))[key]
-            firsts = [self._fragment(2 * i) for i in pairs]
-            seconds = [self._fragment(2 * i + 1) for i in pairs]
-            return (firsts, seconds), self.preferences[key]
-        i = _position(key, len(self))
-        pair = (self._fragment(2 * i), self._fragment(2 * i + 1))
-        return pair, self.preferences[i]
+        if not isinstance(key, slice):
+            key = _position(key, len(self))
+        return (self.fragments1[key], self.fragments2[key]), self.preferences[key]
 
     @property
     def fragments1(self) -> Sequence[Fragment]:  # type: ignore[override]
@@ -453,16 +448,34 @@ class PreferenceDataset(ImitationPreferenceDataset):
             raise ValueError("preferences should have dtype float32")
         if not len(fragments):
             return
+        if any(len(pair) != 2 for pair in fragments):
+            raise ValueError("fragments must be pairs of fragments")
         flat = [frag for pair in fragments for frag in pair]
-        for pair in fragments:
-            if len(pair) != 2:
-                raise ValueError("fragments must be pairs of fragments")
-        reference = _row_types(flat[0]) if not self._columns else None
+        if self._columns:
+            assert self._layout is not None
+            acts = self._columns["acts"]
+            frames_dtype = self._columns["frames"].dtype
+            holder = "; this dataset holds"
+            expected = (
+                (self._layout.obs_shape, frames_dtype),
+                (acts.row_shape, acts.dtype),
+            )
+        else:
+            holder, expected = ", but fragments[0][0] has", _row_types(flat[0])
         for position, frag in enumerate(flat):
             name = f"fragments[{position // 2}][{position % 2}]"
-            self._check_fragment(frag, name)
-            if reference is not None:
-                _check_row_types(frag, name, reference, ", but fragments[0][0] has")
+            if isinstance(frag.obs, types.DictObs):
+                raise ValueError(f"{name}: dictionary observations are not supported")
+            if len(frag.acts) < 1:
+                raise ValueError(f"{name} has no transitions")
+            for kind, (shape, dtype), (want_shape, want_dtype) in zip(
+                ("observations", "actions"), _row_types(frag), expected
+            ):
+                if (shape, dtype) != (want_shape, want_dtype):
+                    raise ValueError(
+                        f"{name} has {kind} {dtype} {shape}{holder} {want_dtype} "
+                        f"{want_shape}",
+                    )
         if not self._columns:
             observations = [np.asarray(f.obs) for f in flat]
             self._create(choose_layout(observations), flat[0])
@@ -472,21 +485,6 @@ class PreferenceDataset(ImitationPreferenceDataset):
         self._evict()
         self._fingerprint = None
         self._source = None
-
-    def _check_fragment(self, frag: Fragment, name: str) -> None:
-        if isinstance(frag.obs, types.DictObs):
-            raise ValueError(f"{name}: dictionary observations are not supported")
-        if len(frag.acts) < 1:
-            raise ValueError(f"{name} has no transitions")
-        if not self._columns:
-            return
-        assert self._layout is not None
-        acts = self._columns["acts"]
-        expected = (
-            (self._layout.obs_shape, self._columns["frames"].dtype),
-            (acts.row_shape, acts.dtype),
-        )
-        _check_row_types(frag, name, expected, "; this dataset holds")
 
     def _create(self, layout: StackLayout, first: Fragment) -> None:
         obs, acts = np.asarray(first.obs), np.asarray(first.acts)
@@ -515,21 +513,9 @@ class PreferenceDataset(ImitationPreferenceDataset):
         encoded = np.frombuffer(_encode_infos(frag.infos), dtype=np.uint8)
         info_id = cols["infos"].append(encoded)
         cols["info_spans"].append(np.array([[info_id, len(encoded)]], np.int64))
-        cols["fragments"].append(
-            np.array(
-                [
-                    [
-                        obs_id,
-                        trans_id,
-                        len(frag.acts),
-                        frag.terminal,
-                        frame_id,
-                        rews is not None,
-                    ]
-                ],
-                dtype=np.int64,
-            ),
-        )
+        n, has_rews = len(frag.acts), rews is not None
+        row = [obs_id, trans_id, n, frag.terminal, frame_id, has_rews]
+        cols["fragments"].append(np.array([row], dtype=np.int64))
 
     def _evict(self) -> None:
         if self.max_size is None or len(self) <= self.max_size:
@@ -550,27 +536,16 @@ class PreferenceDataset(ImitationPreferenceDataset):
     # -- files -----------------------------------------------------------------
 
     def _arrays(self) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
-        """Blocks, shapes and metadata of the store file format (ids from 0).
-
-        The columns' ids start where the oldest kept row was; a store's start
-        at 0.
-        """
+        """Blocks, shapes and metadata of the store file format (ids from 0)."""
         assert self._layout is not None
         columns = self._columns
         fragments = columns["fragments"].to_array()
-        if len(fragments):
-            # The index's columns: first observation, first transition, length,
-            # terminal, first frame, has rewards; the ids shift to start at 0.
-            fragments = fragments - np.array(
-                [
-                    columns["obs_frames"].first,
-                    columns["acts"].first,
-                    0,
-                    0,
-                    columns["frames"].first,
-                    0,
-                ],
-            )
+        if len(fragments):  # ids of observations, transitions and frames shift
+            shift = np.zeros(6, np.int64)
+            shift[[_OBS, _TRANS, _FRAME]] = [
+                columns[name].first for name in ("obs_frames", "acts", "frames")
+            ]
+            fragments = fragments - shift
         small = {
             "obs_frames": columns["obs_frames"].to_array() - columns["frames"].first,
             "fragments": fragments,
@@ -594,9 +569,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
         return blocks, shapes, metadata
 
     def save(self, path: AnyPath) -> None:
-        """Writes the dataset as a frame store: a directory (see :meth:`load`).
-
-        Written atomically: ``path`` holds the old store or the new one.
+        """Writes the dataset as a frame store directory, atomically (see :meth:`load`).
 
         Args:
             path: The store's directory (replaced if it holds a store).
@@ -616,10 +589,8 @@ class PreferenceDataset(ImitationPreferenceDataset):
     def load(path: AnyPath, verify: bool = False) -> "PreferenceDataset":
         """Opens a store written by :meth:`save`, memory-mapped and read-only.
 
-        Pairs pushed later go to memory; the store's files are never written.
-        The frame indices, fragment index, actions, rewards and preferences are
-        checked against their recorded SHA-256 and against each other; the
-        frames only for their size (and their digest with ``verify``).
+        Pairs pushed later go to memory. Every array but the frames is checked
+        against its recorded SHA-256, and the arrays against each other.
 
         Args:
             path: The store's directory.
@@ -649,14 +620,10 @@ class PreferenceDataset(ImitationPreferenceDataset):
         return dataset
 
     def fingerprint(self) -> str:
-        """A digest of the content: pairs, preferences, every array.
+        """A hexadecimal SHA-256 of the content: pairs, preferences, every array.
 
-        Read from the manifest for a store as loaded or saved (no data is read);
-        otherwise the arrays are hashed once and the digest kept until the next
-        push. Equal for a dataset, the store saved from it and that store loaded.
-
-        Returns:
-            A hexadecimal SHA-256.
+        Equal for a dataset, the store saved from it and that store loaded; read
+        from the manifest of a store as loaded or saved, else hashed once per push.
         """
         if self._fingerprint is None:
             if not self._columns:
@@ -680,9 +647,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
         """
         if self._layout is None:
             return
-        where = name
-        if self._source is not None:
-            where = str(self._source / "frames.npy")
+        where = name if self._source is None else str(self._source / "frames.npy")
         shape, dtype = self._layout.obs_shape, self._columns["frames"].dtype
         if tuple(space.shape) != shape or np.dtype(space.dtype) != dtype:
             raise ValueError(
@@ -691,36 +656,10 @@ class PreferenceDataset(ImitationPreferenceDataset):
             )
 
 
-# -- a pushed fragment's observations and actions ------------------------------
-
-
 def _row_types(frag: Fragment) -> Tuple[_RowType, _RowType]:
     """The row types of a fragment's observations and actions."""
     obs, acts = np.asarray(frag.obs), np.asarray(frag.acts)
     return (obs.shape[1:], obs.dtype), (acts.shape[1:], acts.dtype)
-
-
-def _check_row_types(
-    frag: Fragment,
-    name: str,
-    expected: Tuple[_RowType, _RowType],
-    holder: str,
-) -> None:
-    """Raises naming ``name`` if its observations or actions differ from ``expected``.
-
-    ``holder`` says what holds the expected types (the message's second half).
-    """
-    kinds = ("observations", "actions")
-    for kind, (shape, dtype), (want_shape, want_dtype) in zip(
-        kinds, _row_types(frag), expected
-    ):
-        if (shape, dtype) != (want_shape, want_dtype):
-            raise ValueError(
-                f"{name} has {kind} {dtype} {shape}{holder} {want_dtype} {want_shape}",
-            )
-
-
-# -- fragments1 and fragments2, read-only views --------------------------------
 
 
 def _position(key: Any, n: int) -> int:
@@ -757,9 +696,6 @@ class _SideFragments(Sequence[Fragment]):
         i = _position(key, len(self))
         return self._dataset._fragment(2 * i + self._side)
 
-    def __iter__(self) -> Iterator[Fragment]:
-        return (self[i] for i in range(len(self)))
-
     def __add__(self, other: Sequence[Fragment]) -> List[Fragment]:
         # imitation's fragments are lists; code that concatenates them keeps working.
         return [*self, *other]
@@ -768,27 +704,15 @@ class _SideFragments(Sequence[Fragment]):
         return [*other, *self]
 
 
-# -- a loaded store's arrays checked against each other -----------------------
-
-
 def _check_store(
     directory: pathlib.Path,
     manifest: Mapping[str, Any],
     arrays: Mapping[str, np.ndarray],
 ) -> StackLayout:
-    """Checks a store's arrays against each other and its metadata.
+    """The store's stack layout, its arrays checked against each other.
 
-    Each file has been checked against the manifest (shape, dtype, size, and the
-    digest of every array but the frames); these checks make sure the arrays
-    agree with each other, so that no index read later points outside its array.
-
-    Args:
-        directory: The store's directory (for messages).
-        manifest: Its manifest.
-        arrays: Its arrays, by name.
-
-    Returns:
-        The store's stack layout.
+    So that no index read later points outside its array; each file has been
+    checked against the manifest already.
 
     Raises:
         imitation_accum.io.frame_store.StoreError: naming the file at fault.
