@@ -11,7 +11,18 @@ per ``train()`` call (:class:`ConvertedBatches`).
 """
 
 import dataclasses
-from typing import Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Hashable,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import numpy as np
 import torch as th
@@ -462,12 +473,8 @@ class ConvertedBatches:
             ]
         )
         index = th.as_tensor(rows, device=self.task.device)
-        picked: Dict[int, th.Tensor] = {}  # next_state may be state itself
-        for tensor in table_inputs:
-            if id(tensor) not in picked:
-                picked[id(tensor)] = tensor.index_select(0, index)
-        gathered = tuple(picked[id(tensor)] for tensor in table_inputs)
-        views = _split_views(gathered, [*side_sizes[0], *side_sizes[1]])  # type: ignore[arg-type]
+        gathered = _each_once(table_inputs, lambda t: t.index_select(0, index))
+        views = _split_views(gathered, [*side_sizes[0], *side_sizes[1]])
         n_chunks = len(side_sizes[0])
         return [views[:n_chunks], views[n_chunks:]]
 
@@ -490,14 +497,11 @@ class ConvertedBatches:
             self.task.convert(layout, 0, layout.n_transitions)
             for layout in (first, second)
         ]
-        joined: Dict[Tuple[int, int], th.Tensor] = {}  # next_state may be state
-        for a, b in zip(*sides):
-            if (id(a), id(b)) not in joined:
-                joined[id(a), id(b)] = th.cat([a, b])
-        inputs = tuple(joined[id(a), id(b)] for a, b in zip(*sides))
+        second_of = {id(a): b for a, b in zip(*sides)}
+        inputs = _each_once(sides[0], lambda a: th.cat([a, second_of[id(a)]]))
         offsets = (first.offsets, second.offsets + first.n_transitions)
         self._converted_table = (table, self.task.device, (inputs, offsets))
-        return inputs, offsets  # type: ignore[return-value]
+        return inputs, offsets
 
     def chunks(
         self,
@@ -548,12 +552,9 @@ class ConvertedBatches:
         if placement is not None:
             return placement
         layouts = [_placed(table, local, side) for side in (0, 1)]
+        starts, stops = np.array(bounds).T
         side_sizes = [
-            [
-                int(layout.offsets[stop] - layout.offsets[start])
-                for start, stop in bounds
-            ]
-            for layout in layouts
+            (lay.offsets[stops] - lay.offsets[starts]).tolist() for lay in layouts
         ]
         discounts = [
             [None] * len(bounds) if weights is None else weights.split_with_sizes(sizes)
@@ -589,16 +590,19 @@ def _placed(
     )
 
 
+def _each_once(inputs: Sequence[th.Tensor], fn: Callable[[th.Tensor], Any]) -> Any:
+    """``fn`` of each of ``inputs``, once per distinct tensor (``state`` may repeat)."""
+    done: Dict[int, Any] = {}
+    for tensor in inputs:
+        if id(tensor) not in done:
+            done[id(tensor)] = fn(tensor)
+    return tuple(done[id(tensor)] for tensor in inputs)
+
+
 def _split_views(inputs: NetInputs, sizes: List[int]) -> List[NetInputs]:
     """``inputs`` cut into consecutive row ranges of ``sizes``, as views."""
-    splits: Dict[int, Sequence[th.Tensor]] = {}  # next_state may be state itself
-    for tensor in inputs:
-        if id(tensor) not in splits:
-            splits[id(tensor)] = tensor.split_with_sizes(sizes)
-    return [
-        tuple(splits[id(tensor)][k] for tensor in inputs)  # type: ignore[misc]
-        for k in range(len(sizes))
-    ]
+    splits = _each_once(inputs, lambda tensor: tensor.split_with_sizes(sizes))
+    return [tuple(split[k] for split in splits) for k in range(len(sizes))]
 
 
 def _transition_rows(
