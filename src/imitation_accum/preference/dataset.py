@@ -313,8 +313,6 @@ class PreferenceDataset(ImitationPreferenceDataset):
         self._fingerprint: Optional[str] = None
         self._source: Optional[pathlib.Path] = None
 
-    # -- reading ---------------------------------------------------------------
-
     def __len__(self) -> int:
         return len(self._columns["preferences"]) if self._columns else 0
 
@@ -382,19 +380,11 @@ class PreferenceDataset(ImitationPreferenceDataset):
             obs=obs, acts=acts, infos=infos, terminal=terminal, rews=rews
         )
 
-    # -- what the trainers read (no per-fragment objects) ------------------------
-
     def fragment_index(self, pairs: np.ndarray) -> np.ndarray:
-        """The store's index rows of the fragments of pairs ``pairs``.
+        """The store's index rows of pairs ``pairs``' fragments, ``(len(pairs), 2, 6)``.
 
         Per pair and side: first observation id, first transition id, length,
         terminal flag, first frame id and whether it has rewards.
-
-        Args:
-            pairs: Pair positions (``0 <= i < len(self)``).
-
-        Returns:
-            Shape ``(len(pairs), 2, 6)``, int64.
         """
         fragments = self._columns["fragments"]
         pairs = np.asarray(pairs, dtype=np.int64)
@@ -402,11 +392,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
         return fragments.take(ids)
 
     def observations_at(self, obs_ids: np.ndarray) -> np.ndarray:
-        """Observations ``obs_ids`` (ids from :meth:`fragment_index`), stacked.
-
-        One gather of their frames by fancy indexing, stacked into one new
-        contiguous array ``(len(obs_ids), *obs_shape)`` of the stored dtype.
-        """
+        """Observations ``obs_ids``, gathered into one new contiguous array."""
         assert self._layout is not None
         frame_ids = self._columns["obs_frames"].take(obs_ids)
         return self._layout.stack(self._columns["frames"].take(frame_ids))
@@ -418,8 +404,6 @@ class PreferenceDataset(ImitationPreferenceDataset):
     def rewards_at(self, transition_ids: np.ndarray) -> np.ndarray:
         """Rewards of transitions ``transition_ids``, gathered."""
         return self._columns["rews"].take(transition_ids)
-
-    # -- pushing ---------------------------------------------------------------
 
     def push(
         self,
@@ -435,9 +419,8 @@ class PreferenceDataset(ImitationPreferenceDataset):
 
         Raises:
             ValueError: as imitation's for ``preferences``; naming the fragment
-                (``fragments[i][j]``) whose observations or actions differ in
-                shape or dtype from the dataset's, or are dictionaries. Nothing
-                is stored when an error is raised.
+                (``fragments[i][j]``) whose observations or actions are
+                dictionaries or differ from the dataset's. Nothing is then stored.
         """
         if preferences.shape != (len(fragments),):
             raise ValueError(
@@ -532,8 +515,6 @@ class PreferenceDataset(ImitationPreferenceDataset):
         cols["acts"].drop_before(first[_TRANS])
         cols["rews"].drop_before(first[_TRANS])
         cols["frames"].drop_before(first[_FRAME])
-
-    # -- files -----------------------------------------------------------------
 
     def _arrays(self) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
         """Blocks, shapes and metadata of the store file format (ids from 0)."""
