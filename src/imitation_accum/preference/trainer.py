@@ -189,9 +189,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         self._profiles: Dict[Hashable, probe.ActivationProfile] = {}
         self._backed_off_cap: Optional[int] = None
         self.step_policy: Optional[StepPolicy] = None
-        """The step policy (minibatch size, memory cap, forward size, passes):
-        built by each ``train()`` from the attributes, halved after a CUDA
-        out-of-memory error; the next step runs with it."""
+        """Built by each ``train()`` from the attributes; halved after CUDA OOM."""
         self.last_plan: Optional[StepPlan] = None
         """The plan of the last step (``forward_size``, ``two_pass``, chunks)."""
         self.memory_profile: Optional[probe.ActivationProfile] = None
@@ -292,10 +290,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         )
 
     def _local_items(self, indices: np.ndarray) -> np.ndarray:
-        """The share of ``indices`` this process computes (a hook: all of them).
-
-        Losses are always divided by the size of the whole batch.
-        """
+        """The share of ``indices`` this process computes (a hook: all of them)."""
         return indices
 
     @property
@@ -390,11 +385,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         )
 
     def _step_policy(self, table: pair_table.PreferenceTable) -> StepPolicy:
-        """This ``train()``'s step policy, from the trainer's attributes.
-
-        The memory probe runs (once per input, device and optimizer) when a
-        ``memory_budget`` is given or ``forward_size="auto"``.
-        """
+        """This ``train()``'s step policy, from the attributes and the memory probe."""
         acceleration_options.check_supported(self.autocast_dtype, self._task.device)
         forward_size: Optional[int] = None
         cap = None
@@ -456,11 +447,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         table: pair_table.PreferenceTable,
         profile: probe.ActivationProfile,
     ) -> int:
-        """The transitions per chunk ``memory_budget`` holds; logged.
-
-        Raises:
-            ValueError: if not even one transition fits in the budget.
-        """
+        """The transitions per chunk ``memory_budget`` holds (logged; raises if 0)."""
         assert self.memory_budget is not None
         pair_lengths = table.lengths.sum(1)
         largest_batch = int(np.sort(pair_lengths)[-self.batch_size :].sum())
