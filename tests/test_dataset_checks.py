@@ -44,9 +44,12 @@ def check(data, action_space=DISCRETE, **kwargs):
 
 def test_good_dataset_passes():
     data = dataset()
-    assert check(data) is None
+    check(data)  # a false alarm raises
     for i in range(len(data)):
         assert dataset_checks.pair_problems(data[i], OBS, DISCRETE) == [], i
+    # The same check is not a no-op: one bad observation in the same data fails it.
+    with pytest.raises(ValueError, match=r"1 of 6 pairs do not fit"):
+        check(dataset(broken={0: nan_fragment()}))
 
 
 def edge_dataset(acts, *, length=3, preferences=(0.0, 1.0, 0.5)):
@@ -63,23 +66,31 @@ def edge_dataset(acts, *, length=3, preferences=(0.0, 1.0, 0.5)):
 
 
 @pytest.mark.parametrize(
-    ("space", "acts"),
+    ("space", "acts", "beyond"),
     [
-        (DISCRETE, np.array([0, 1, 1], dtype=np.int32)),
-        (gym.spaces.Discrete(3, start=-1), [-1, 0, 1]),
-        (gym.spaces.MultiDiscrete([2, 3]), [[0, 0], [1, 2], [1, 1]]),
-        (gym.spaces.MultiBinary(2), [[0, 1], [1, 0], [1, 1]]),
+        (DISCRETE, np.array([0, 1, 1], dtype=np.int32), [0, 2, 1]),
+        (gym.spaces.Discrete(3, start=-1), [-1, 0, 1], [-2, 0, 1]),
+        (
+            gym.spaces.MultiDiscrete([2, 3]),
+            [[0, 0], [1, 2], [1, 1]],
+            [[0, 0], [1, 3], [1, 1]],
+        ),
+        (gym.spaces.MultiBinary(2), [[0, 1], [1, 0], [1, 1]], [[0, 1], [2, 0], [1, 1]]),
         (
             gym.spaces.Box(-1, 1, (2,), np.float32),
             np.array([[-1, 1], [1, -1], [0, 0.5]], dtype=np.float32),
+            np.array([[-1, 1], [1.01, -1], [0, 0.5]], dtype=np.float32),
         ),
     ],
 )
-def test_good_pairs_at_the_edges_pass(space, acts):
+def test_good_pairs_at_the_edges_pass(space, acts, beyond):
     data = edge_dataset(acts)
-    assert dataset_checks.check_dataset(data, OBS, space) is None
+    dataset_checks.check_dataset(data, OBS, space)  # a false alarm raises
     for i in range(len(data)):
         assert dataset_checks.pair_problems(data[i], OBS, space) == [], i
+    # One step past an edge is caught, in every pair.
+    with pytest.raises(ValueError, match=r"3 of 3 pairs .*\n  pair 0: fragment 1 has"):
+        dataset_checks.check_dataset(edge_dataset(np.asarray(beyond)), OBS, space)
 
 
 def test_empty_dataset_is_named():

@@ -14,7 +14,7 @@ from imitation.data import types
 
 from imitation_accum import PreferenceDataset
 from imitation_accum.io.frame_store import StoreError
-from imitation_accum.preference import frame_stacks, row_store
+from imitation_accum.preference import dataset as store_dataset
 
 FRAME = (12, 12)
 STACK = 4
@@ -141,7 +141,7 @@ def test_frame_stacks_kept_once(rng):
     pairs = make_pairs(rng, 5, length=length)
     dataset = PreferenceDataset()
     dataset.push(pairs, preferences_of(rng, 5))
-    assert dataset.layout == frame_stacks.StackLayout((*FRAME, STACK), 1)
+    assert dataset.layout == store_dataset.StackLayout((*FRAME, STACK), 1)
     frame_bytes = int(np.prod(FRAME))
     assert dataset.nbytes["frames"] == 10 * (length + STACK) * frame_bytes
     imitation_bytes = sum(f.obs.nbytes for pair in pairs for f in pair)
@@ -152,7 +152,7 @@ def test_colour_stacks_split_by_their_channels(rng):
     pairs = make_pairs(rng, 3, channels=3)
     dataset = PreferenceDataset()
     dataset.push(pairs, preferences_of(rng, 3))
-    assert dataset.layout == frame_stacks.StackLayout((*FRAME, 3 * STACK), 3)
+    assert dataset.layout == store_dataset.StackLayout((*FRAME, 3 * STACK), 3)
     assert_same_pairs(dataset, pairs, dataset.preferences)
 
 
@@ -170,7 +170,7 @@ def test_observations_that_are_not_stacks_are_kept_as_they_are(rng):
     pair = (fragment_of(vectors, 0, length, rng), fragment_of(vectors, 0, length, rng))
     dataset = PreferenceDataset()
     dataset.push([pair], np.array([1.0], np.float32))
-    assert dataset.layout == frame_stacks.StackLayout((4,), 4)
+    assert dataset.layout == store_dataset.StackLayout((4,), 4)
     assert_same_pairs(dataset, [pair], [1.0])
 
 
@@ -183,7 +183,7 @@ def naive_always_shared(obs, layout):
     return np.stack(frames), rows
 
 
-_encode = frame_stacks.encode
+_encode = store_dataset.encode_frames
 
 
 def naive_newest_first(obs, layout):
@@ -196,7 +196,7 @@ def test_a_naive_encoder_fails_the_round_trip(rng, monkeypatch, naive):
     """The round-trip test catches wrongly shared or misordered frames."""
     obs = np.concatenate([episode(rng, 3), episode(rng, 3)])  # an episode start inside
     pair = (fragment_of(obs, 0, 7, rng), fragment_of(obs, 1, 6, rng))
-    monkeypatch.setattr(frame_stacks, "encode", naive)
+    monkeypatch.setattr(store_dataset, "encode_frames", naive)
     dataset = PreferenceDataset()
     dataset.push([pair], np.array([0.5], np.float32))
     with pytest.raises(AssertionError):
@@ -220,7 +220,7 @@ def test_push_copies_frames_out_of_trajectories(rng):
 
 
 def test_eviction_is_oldest_first_and_frees_frames(rng, monkeypatch):
-    monkeypatch.setattr(row_store, "SEGMENT_BYTES", 4096)
+    monkeypatch.setattr(store_dataset, "SEGMENT_BYTES", 4096)
     dataset = PreferenceDataset(max_size=5)
     reference = pc.PreferenceDataset(max_size=5)
     allocated = []

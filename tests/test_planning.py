@@ -129,11 +129,11 @@ def test_settings_assigned_after_construction_take_effect(rng, name, value):
 
 def test_an_assigned_optimizer_and_logger_are_used(rng, tmp_path):
     dataset = ref.make_dataset(rng, 6, (3, 4))
-    built, assigned = fresh_pair(batch_size=6)
-    for trainer in (built, assigned):
-        trainer.optim = th.optim.SGD(
-            trainer._preference_model.model.parameters(), lr=0.1
-        )
+    built, assigned = fresh_pair(
+        batch_size=6, optimizer_cls=th.optim.SGD, optimizer_kwargs={"lr": 0.1}
+    )
+    assert isinstance(assigned.optim, th.optim.AdamW)
+    assigned.optim = th.optim.SGD(assigned._preference_model.model.parameters(), lr=0.1)
     logger = imit_logger.configure(str(tmp_path), ["csv"])
     assigned.logger = logger
     built.train(dataset)

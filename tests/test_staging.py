@@ -16,7 +16,7 @@ from imitation.rewards.reward_nets import BasicRewardNet
 
 import imitation_accum
 from imitation_accum.engine import staging
-from imitation_accum.preference import fragments, pair_table, pair_task
+from imitation_accum.preference import pair_table, pair_task
 from tests import adversarial_setup as setup
 from tests import reference as ref
 from tests.test_adversarial_training import (
@@ -108,7 +108,7 @@ def test_staged_rows_gather_as_the_layout_does(rng, next_obs):
     frags = [
         f for i in range(3) for f in (dataset.fragments1[i], dataset.fragments2[i])
     ]
-    layout = fragments.FragmentLayout.of(frags)
+    layout = pair_table.FragmentLayout.of(frags)
     stager = staging.RangeStager()
     chunk = "chunk"
     offset = 4

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from imitation.util import networks
 
-from imitation_accum.preference import fragments
+from imitation_accum.preference import pair_table
 from tests import reference as ref
 from tests.test_preference_exactness import TOL, make_net, make_trainer
 
@@ -329,7 +329,7 @@ def test_one_and_two_passes_log_the_same_figures(rng):
 
 def test_range_sums_tile_into_segment_sums(rng):
     lengths = np.array([3, 1, 6, 2])
-    layout = fragments.FragmentLayout.from_arrays(
+    layout = pair_table.FragmentLayout.from_arrays(
         [None] * 4, lengths, np.zeros(4, bool)
     )
     values = th.as_tensor(rng.normal(size=int(lengths.sum())))

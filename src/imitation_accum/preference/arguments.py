@@ -1,8 +1,7 @@
 """Checks of a preference trainer's arguments, made before anything is built.
 
-The same checks serve the trainers' constructors and the config hooks of the
-experiments (:func:`check_trainer_values`, :func:`check_preference_model_values`),
-which name the full config key (``reward_trainer_kwargs.lr``).
+The trainers' constructors and the experiments' config hooks share them; a config
+hook names the full key (``reward_trainer_kwargs.lr``).
 """
 
 import inspect
@@ -25,6 +24,8 @@ def check_preference_model(model: pc.PreferenceModel, *, ensemble: bool) -> None
 
     Raises:
         TypeError: if it is not, or it overrides how probabilities are computed.
+        ValueError: if its ``noise_prob``, ``discount_factor`` or ``threshold``
+            is out of range.
     """
     if not isinstance(model, pc.PreferenceModel):
         raise TypeError(
@@ -76,9 +77,6 @@ def check_preference_model_values(
 ) -> None:
     """Checks the arguments of imitation's ``PreferenceModel`` (but the model).
 
-    ``noise_prob`` outside [0, 1] inverts or breaks the preference model, and a
-    discount factor outside [0, 1] weighs later rewards without bound.
-
     Args:
         kwargs: Some of ``noise_prob``, ``discount_factor`` and ``threshold``.
         prefix: Prepended to each name in messages (``preference_model_kwargs.``).
@@ -101,58 +99,10 @@ def check_preference_model_values(
         _validation.positive_finite_float(f"{prefix}threshold", kwargs["threshold"])
 
 
-def check_minibatching(
-    batch_size: object,
-    minibatch_size: object,
-    memory_budget: object,
-    prefix: str = "",
-) -> "tuple[int, Optional[int], Optional[budget.Budget]]":
-    """Checks ``batch_size``, ``minibatch_size`` and ``memory_budget`` together.
-
-    Args:
-        batch_size: Pairs per step.
-        minibatch_size: Pairs per forward/backward, or ``None``.
-        memory_budget: A budget, or ``None``.
-        prefix: Prepended to each name in messages (``reward_trainer_kwargs.``).
-
-    Returns:
-        The three, checked (the budget parsed).
-
-    Raises:
-        ValueError: if a value is out of range, or both a minibatch size and a
-            budget are given.
-    """
-    batch_name = f"{prefix}batch_size"
-    minibatch_name = f"{prefix}minibatch_size"
-    budget_name = f"{prefix}memory_budget"
-    batch = _validation.positive_int(batch_name, batch_size)
-    minibatch = _validation.optional_positive_int(minibatch_name, minibatch_size)
-    _validation.minibatch_within_batch(minibatch_name, minibatch, batch_name, batch)
-    parsed = budget.parse_budget(memory_budget, budget_name)
-    if parsed is not None and minibatch is not None:
-        raise ValueError(
-            f"{minibatch_name}={minibatch_size!r} and {budget_name}="
-            f"{memory_budget!r} are alternatives: give one of them",
-        )
-    return batch, minibatch, parsed
-
-
-def check_optimizer_kwargs(
-    name: str,
-    value: object,
-    optimizer_cls: Optional[type] = None,
+def _check_optimizer_kwargs(
+    name: str, value: object, optimizer_cls: Optional[type]
 ) -> None:
-    """Checks ``optimizer_kwargs``: ``None`` or a dict of the optimizer's arguments.
-
-    Args:
-        name: The argument's (or config key's) name.
-        value: Its value.
-        optimizer_cls: The optimizer, to check the names against (if known).
-
-    Raises:
-        ValueError: if ``value`` is not a mapping, holds ``params``, or names an
-            argument ``optimizer_cls`` does not take (with near matches).
-    """
+    """Checks ``optimizer_kwargs``: ``None`` or a dict of the optimizer's arguments."""
     if value is None:
         return
     if not isinstance(value, Mapping):
@@ -177,24 +127,32 @@ def check_trainer_values(
 ) -> None:
     """Checks the values of a preference trainer's keyword arguments.
 
-    What the constructor checks, checked from a config before anything is
-    built, each message naming ``prefix + name``. Arguments not given are not
-    checked (their defaults are valid).
+    What the constructor checks, also from a config before anything is built.
+    Arguments not given are not checked (their defaults are valid).
 
     Args:
         kwargs: Keyword arguments of ``CrossEntropyRewardTrainer``.
-        prefix: Prepended to each name (``reward_trainer_kwargs.``).
+        prefix: Prepended to each name in messages (``reward_trainer_kwargs.``).
         optimizer_cls: The optimizer class, to check ``optimizer_kwargs`` against.
 
     Raises:
-        ValueError: naming the first invalid argument.
+        ValueError: naming the first invalid argument, or both ``minibatch_size``
+            and ``memory_budget`` when both are given.
     """
-    check_minibatching(
-        kwargs.get("batch_size", 32),
-        kwargs.get("minibatch_size"),
-        kwargs.get("memory_budget"),
-        prefix,
-    )
+    batch_name, minibatch_name = f"{prefix}batch_size", f"{prefix}minibatch_size"
+    batch = _validation.positive_int(batch_name, kwargs.get("batch_size", 32))
+    minibatch_size = kwargs.get("minibatch_size")
+    minibatch = _validation.optional_positive_int(minibatch_name, minibatch_size)
+    _validation.minibatch_within_batch(minibatch_name, minibatch, batch_name, batch)
+    memory_budget = kwargs.get("memory_budget")
+    budget_name = f"{prefix}memory_budget"
+    if budget.parse_budget(memory_budget, budget_name) is not None and (
+        minibatch is not None
+    ):
+        raise ValueError(
+            f"{minibatch_name}={minibatch_size!r} and {budget_name}="
+            f"{memory_budget!r} are alternatives: give one of them",
+        )
     if "epochs" in kwargs:
         _validation.positive_int(f"{prefix}epochs", kwargs["epochs"])
     if "lr" in kwargs:
@@ -209,33 +167,11 @@ def check_trainer_values(
         kwargs.get("autocast_dtype"), f"{prefix}autocast_dtype"
     )
     for flag in ("drop_last", "progress_bar", "activation_checkpointing"):
-        if flag in kwargs:
-            check_flag(f"{prefix}{flag}", kwargs[flag])
-    check_optional_flag(f"{prefix}two_pass", kwargs.get("two_pass"))
-    check_optimizer_kwargs(
+        if flag in kwargs and not isinstance(kwargs[flag], bool):
+            raise ValueError(f"{prefix}{flag} must be a bool, got {kwargs[flag]!r}")
+    two_pass = kwargs.get("two_pass")
+    if two_pass is not None and not isinstance(two_pass, bool):
+        raise ValueError(f"{prefix}two_pass must be None or a bool, got {two_pass!r}")
+    _check_optimizer_kwargs(
         f"{prefix}optimizer_kwargs", kwargs.get("optimizer_kwargs"), optimizer_cls
     )
-
-
-def check_flag(name: str, value: object) -> bool:
-    """Checks a bool argument.
-
-    Raises:
-        ValueError: if ``value`` is not a bool.
-    """
-    if isinstance(value, bool):
-        return value
-    raise ValueError(f"{name} must be a bool, got {value!r}")
-
-
-def check_optional_flag(name: str, value: object) -> Optional[bool]:
-    """Checks an argument that is ``None`` or a bool.
-
-    Raises:
-        ValueError: if ``value`` is neither.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return value
-    raise ValueError(f"{name} must be None or a bool, got {value!r}")

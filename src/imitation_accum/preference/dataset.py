@@ -1,23 +1,14 @@
 """A drop-in for imitation's ``PreferenceDataset`` that keeps every frame once.
 
-imitation's dataset keeps each fragment's observation array, and a fragment is a
-view into its agent trajectory: frame-stacked Atari observations repeat every
-frame ``k`` times, and a kept fragment keeps its whole episode alive. This
-dataset copies what it is given on :meth:`~PreferenceDataset.push` into a few
-arrays (see :mod:`~imitation_accum.preference.frame_stacks` for how frame stacks
-are split), evicts the oldest pairs beyond ``max_size`` and frees their frames,
-and saves to a pickle-free, memory-mappable directory
-(:mod:`imitation_accum.io.frame_store`), whose arrays are checked against each
-other when it is loaded. The trainers gather a chunk's frames from those arrays
-directly (:mod:`imitation_accum.preference.pair_table`).
-
-Reading an item materializes its fragments (``TrajectoryWithRew`` objects with
-observations as imitation's), so code written for imitation's dataset keeps
-working; ``fragments1``, ``fragments2`` and ``preferences`` are read-only views.
-A fragment's ``infos`` are kept as JSON: numpy arrays and scalars round-trip
-exactly; any other object is kept as its ``repr`` (with a warning), since only a
-pickle could keep it as it was. A dataset imitation pickled is read back with
-:func:`read_imitation_pickle`.
+imitation keeps each fragment's observations, views into whole episodes that
+repeat each stacked frame ``k`` times. :meth:`PreferenceDataset.push` copies pairs
+into a few :class:`RowStore` arrays, frame stacks split into distinct frames
+(:class:`StackLayout`), evicts the oldest pairs beyond ``max_size`` and frees their
+frames; :meth:`~PreferenceDataset.save` writes a pickle-free, memory-mappable store
+(:mod:`imitation_accum.io.frame_store`), checked when loaded. Items read as
+imitation's (``TrajectoryWithRew`` fragments); ``infos`` are kept as JSON (numpy
+values round-trip, other objects as their ``repr``). The trainers gather frames
+from the arrays by id (:mod:`imitation_accum.preference.pair_table`).
 
 Example:
     >>> from imitation_accum import PreferenceDataset  # doctest: +SKIP
@@ -27,20 +18,20 @@ Example:
     >>> shared = PreferenceDataset.load("preferences.store")  # memory-mapped
 """
 
+import dataclasses
 import json
 import pathlib
 import pickle
 import warnings
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from imitation.algorithms import preference_comparisons as pc
 from imitation.data import types
 from imitation.util import util
+from numpy.typing import DTypeLike
 
 from imitation_accum.io import frame_store
-from imitation_accum.preference import frame_stacks
-from imitation_accum.preference.row_store import RowStore
 
 AnyPath = types.AnyPath
 Fragment = types.Trajectory
@@ -66,6 +57,236 @@ _ARRAYS = (
 # An array's rows: their shape and dtype.
 _RowType = Tuple[Tuple[int, ...], np.dtype]
 
+#: Bytes per segment of appended rows (pages are touched only as rows fill them).
+SEGMENT_BYTES = 64 * 2**20
+
+
+class RowStore:
+    """Rows of one shape and dtype, addressed by an id that counts every append.
+
+    Rows live in segments of :data:`SEGMENT_BYTES`: appending never copies what is
+    stored, and dropping the oldest rows frees every segment they fill, so a
+    bounded dataset keeps bounded memory. A memory-mapped array is one read-only
+    segment. Ids held elsewhere stay valid when older rows are dropped.
+
+    Args:
+        row_shape: Shape of one row.
+        dtype: Their dtype.
+    """
+
+    def __init__(self, row_shape: Sequence[int], dtype: DTypeLike) -> None:
+        self.row_shape: Tuple[int, ...] = tuple(int(n) for n in row_shape)
+        self.dtype = np.dtype(dtype)
+        row_bytes = max(1, int(np.prod(self.row_shape)) * self.dtype.itemsize)
+        self._segment_rows = max(1, SEGMENT_BYTES // row_bytes)
+        # Segments in id order: (id of row 0, array, rows filled).
+        self._segments: List[Tuple[int, np.ndarray, int]] = []
+        self.first = 0
+        """Id of the oldest live row."""
+        self.stop = 0
+        """One past the id of the newest row."""
+
+    @classmethod
+    def of_array(cls, array: np.ndarray) -> "RowStore":
+        """A store holding ``array`` as is (memory-mapped, say), from id 0."""
+        store = cls(array.shape[1:], array.dtype)
+        store._segments.append((0, array, len(array)))
+        store.stop = len(array)
+        return store
+
+    def __len__(self) -> int:
+        return self.stop - self.first
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the live rows."""
+        return len(self) * int(np.prod(self.row_shape)) * self.dtype.itemsize
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of the segments held (appended segments: their full size)."""
+        return sum(array.nbytes for _, array, _ in self._segments)
+
+    def append(self, rows: np.ndarray) -> int:
+        """Copies ``rows`` in at the back (cast to this dtype); returns the first id."""
+        first_id = self.stop
+        done = 0
+        while done < len(rows):
+            if not self._segments or self._full(self._segments[-1]):
+                array = np.empty((self._segment_rows, *self.row_shape), self.dtype)
+                self._segments.append((self.stop, array, 0))
+            start, array, filled = self._segments[-1]
+            n = min(len(array) - filled, len(rows) - done)
+            array[filled : filled + n] = rows[done : done + n]
+            self._segments[-1] = (start, array, filled + n)
+            done += n
+            self.stop += n
+        return first_id
+
+    @staticmethod
+    def _full(segment: Tuple[int, np.ndarray, int]) -> bool:
+        _, array, filled = segment
+        return filled == len(array) or not array.flags.writeable
+
+    def drop_before(self, row_id: int) -> None:
+        """Drops the rows before ``row_id``, freeing segments left with no live row."""
+        self.first = max(self.first, min(int(row_id), self.stop))
+        while self._segments:
+            start, _, filled = self._segments[0]
+            if start + filled > self.first:
+                break
+            self._segments.pop(0)
+
+    def take(self, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` (any shape of ids), gathered into one new contiguous array.
+
+        Raises:
+            IndexError: if an id is not live.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        flat = ids.reshape(-1)
+        if len(flat) and (flat.min() < self.first or flat.max() >= self.stop):
+            raise IndexError(
+                f"row ids [{flat.min()}, {flat.max()}] outside the live rows "
+                f"[{self.first}, {self.stop})",
+            )
+        out_shape = (*ids.shape, *self.row_shape)
+        if len(self._segments) == 1:
+            start, array, _ = self._segments[0]
+            return array[flat - start].reshape(out_shape)
+        starts = np.array([seg[0] for seg in self._segments], dtype=np.int64)
+        which = np.searchsorted(starts, flat, side="right") - 1
+        out = np.empty((len(flat), *self.row_shape), self.dtype)
+        for s in np.unique(which):
+            mask = which == s
+            start, array, _ = self._segments[s]
+            out[mask] = array[flat[mask] - start]
+        return out.reshape(out_shape)
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """A copy of rows ``[start, stop)`` (ids)."""
+        return self.take(np.arange(start, stop, dtype=np.int64))
+
+    def blocks(self) -> List[np.ndarray]:
+        """The live rows as views of consecutive blocks (for writing them out)."""
+        out = []
+        for start, array, filled in self._segments:
+            lo = max(self.first, start) - start
+            hi = min(self.stop, start + filled) - start
+            if hi > lo:
+                out.append(array[lo:hi])
+        return out
+
+    def to_array(self) -> np.ndarray:
+        """The live rows as one new array."""
+        blocks = self.blocks()
+        if not blocks:
+            return np.empty((0, *self.row_shape), self.dtype)
+        return np.concatenate(blocks)
+
+
+@dataclasses.dataclass(frozen=True)
+class StackLayout:
+    """How observations split into frames.
+
+    SB3's ``VecFrameStack`` concatenates the last ``k`` frames of ``c`` channels
+    on the last axis, oldest first, so observation ``t + 1`` is observation ``t``
+    shifted by one frame. Where that shift holds bit for bit, an observation
+    stores one new frame; elsewhere (an episode start, data that is not a stack)
+    all ``k``: decoding is exact whatever the data.
+
+    Attributes:
+        obs_shape: Shape of one observation.
+        channels: Channels per frame on the last axis (``obs_shape[-1]`` when
+            observations are not split).
+    """
+
+    obs_shape: Tuple[int, ...]
+    channels: int
+
+    @property
+    def depth(self) -> int:
+        """Frames per observation (``k``)."""
+        return self.obs_shape[-1] // self.channels if self.obs_shape else 1
+
+    @property
+    def frame_shape(self) -> Tuple[int, ...]:
+        """Shape of one frame."""
+        return (*self.obs_shape[:-1], self.channels) if self.obs_shape else ()
+
+    def split(self, obs: np.ndarray) -> np.ndarray:
+        """Observations ``(n, *obs_shape)`` as a view ``(n, k, *frame_shape)``."""
+        if self.depth == 1:
+            return obs[:, None]
+        frames = obs.reshape(*obs.shape[:-1], self.depth, self.channels)
+        return np.moveaxis(frames, -2, 1)
+
+    def stack(self, frames: np.ndarray) -> np.ndarray:
+        """Frames ``(n, k, *frame_shape)`` stacked into new contiguous observations."""
+        out = np.empty((len(frames), *self.obs_shape), frames.dtype)
+        np.copyto(self.split(out), frames)
+        return out
+
+
+def _shifts(obs: np.ndarray, layout: StackLayout) -> np.ndarray:
+    """Whether each observation after the first is its predecessor shifted a frame."""
+    if layout.depth == 1 or len(obs) < 2:
+        return np.zeros(max(len(obs) - 1, 0), dtype=bool)
+    c = layout.channels
+    same = obs[1:, ..., :-c] == obs[:-1, ..., c:]
+    return same.reshape(len(obs) - 1, -1).all(1)
+
+
+def choose_layout(observations: Sequence[np.ndarray]) -> StackLayout:
+    """The layout that stores ``observations`` (fragments' arrays) in fewest bytes.
+
+    Candidates: no split, then every split of the last axis into ``k >= 2`` frames,
+    fewer and larger frames first; ties keep the earlier candidate.
+    """
+    obs_shape = tuple(observations[0].shape[1:])
+    whole = StackLayout(obs_shape, obs_shape[-1] if obs_shape else 1)
+    if len(obs_shape) < 2:  # vectors and scalars are not frame stacks
+        return whole
+    last = obs_shape[-1]
+    best, best_bytes = whole, sum(len(o) for o in observations) * last
+    for channels in sorted((c for c in range(1, last) if last % c == 0), reverse=True):
+        layout = StackLayout(obs_shape, channels)
+        n_frames = 0
+        for obs in observations:
+            shared = _shifts(obs, layout)
+            n_frames += layout.depth * (1 + int((~shared).sum())) + int(shared.sum())
+        if channels * n_frames < best_bytes:
+            best, best_bytes = layout, channels * n_frames
+    return best
+
+
+def encode_frames(
+    obs: np.ndarray, layout: StackLayout
+) -> Tuple[np.ndarray, np.ndarray]:
+    """One fragment's observations as distinct frames plus frame indices.
+
+    Returns:
+        ``(frames, rows)``: new frames ``(m, *frame_shape)`` (sharing no memory
+        with ``obs``) and, per observation, the indices of its ``k`` frames in
+        ``frames``, shape ``(n, k)``, oldest first.
+    """
+    k = layout.depth
+    shared = _shifts(obs, layout)
+    # Which (observation, slot) pairs bring a new frame: all k slots of the first
+    # observation and of any that is not a shift, else only the newest slot.
+    new = np.ones((len(obs), k), dtype=bool)
+    new[1:][shared, :-1] = False
+    ids = np.cumsum(new.reshape(-1)).reshape(new.shape) - 1
+    rows = np.empty((len(obs), k), dtype=np.int64)
+    rows[0] = ids[0]
+    for t in range(1, len(obs)):
+        if shared[t - 1]:
+            rows[t, :-1] = rows[t - 1, 1:]
+            rows[t, -1] = ids[t, -1]
+        else:
+            rows[t] = ids[t]
+    return layout.split(obs)[new], rows  # boolean indexing copies
+
 
 class PreferenceDataset(ImitationPreferenceDataset):
     """Fragment pairs and preferences, every distinct frame stored once.
@@ -87,12 +308,10 @@ class PreferenceDataset(ImitationPreferenceDataset):
         if max_size is not None and max_size < 1:
             raise ValueError(f"max_size={max_size} must be at least 1 (or None)")
         self.max_size = max_size
-        self._layout: Optional[frame_stacks.StackLayout] = None
+        self._layout: Optional[StackLayout] = None
         self._columns: Dict[str, RowStore] = {}
         self._fingerprint: Optional[str] = None
         self._source: Optional[pathlib.Path] = None
-
-    # -- reading ---------------------------------------------------------------
 
     def __len__(self) -> int:
         return len(self._columns["preferences"]) if self._columns else 0
@@ -102,14 +321,9 @@ class PreferenceDataset(ImitationPreferenceDataset):
 
         A slice gives ``((fragments_1, fragments_2), preferences)``.
         """
-        if isinstance(key, slice):
-            pairs = range(len(self))[key]
-            firsts = [self._fragment(2 * i) for i in pairs]
-            seconds = [self._fragment(2 * i + 1) for i in pairs]
-            return (firsts, seconds), self.preferences[key]
-        i = _position(key, len(self))
-        pair = (self._fragment(2 * i), self._fragment(2 * i + 1))
-        return pair, self.preferences[i]
+        if not isinstance(key, slice):
+            key = _position(key, len(self))
+        return (self.fragments1[key], self.fragments2[key]), self.preferences[key]
 
     @property
     def fragments1(self) -> Sequence[Fragment]:  # type: ignore[override]
@@ -129,7 +343,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
         return self._columns["preferences"].to_array().astype(np.float64)
 
     @property
-    def layout(self) -> Optional[frame_stacks.StackLayout]:
+    def layout(self) -> Optional[StackLayout]:
         """How observations split into frames (``None`` before the first push)."""
         return self._layout
 
@@ -166,19 +380,11 @@ class PreferenceDataset(ImitationPreferenceDataset):
             obs=obs, acts=acts, infos=infos, terminal=terminal, rews=rews
         )
 
-    # -- what the trainers read (no per-fragment objects) ------------------------
-
     def fragment_index(self, pairs: np.ndarray) -> np.ndarray:
-        """The store's index rows of the fragments of pairs ``pairs``.
+        """The store's index rows of pairs ``pairs``' fragments, ``(len(pairs), 2, 6)``.
 
         Per pair and side: first observation id, first transition id, length,
         terminal flag, first frame id and whether it has rewards.
-
-        Args:
-            pairs: Pair positions (``0 <= i < len(self)``).
-
-        Returns:
-            Shape ``(len(pairs), 2, 6)``, int64.
         """
         fragments = self._columns["fragments"]
         pairs = np.asarray(pairs, dtype=np.int64)
@@ -186,11 +392,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
         return fragments.take(ids)
 
     def observations_at(self, obs_ids: np.ndarray) -> np.ndarray:
-        """Observations ``obs_ids`` (ids from :meth:`fragment_index`), stacked.
-
-        One gather of their frames by fancy indexing, stacked into one new
-        contiguous array ``(len(obs_ids), *obs_shape)`` of the stored dtype.
-        """
+        """Observations ``obs_ids``, gathered into one new contiguous array."""
         assert self._layout is not None
         frame_ids = self._columns["obs_frames"].take(obs_ids)
         return self._layout.stack(self._columns["frames"].take(frame_ids))
@@ -202,8 +404,6 @@ class PreferenceDataset(ImitationPreferenceDataset):
     def rewards_at(self, transition_ids: np.ndarray) -> np.ndarray:
         """Rewards of transitions ``transition_ids``, gathered."""
         return self._columns["rews"].take(transition_ids)
-
-    # -- pushing ---------------------------------------------------------------
 
     def push(
         self,
@@ -219,9 +419,8 @@ class PreferenceDataset(ImitationPreferenceDataset):
 
         Raises:
             ValueError: as imitation's for ``preferences``; naming the fragment
-                (``fragments[i][j]``) whose observations or actions differ in
-                shape or dtype from the dataset's, or are dictionaries. Nothing
-                is stored when an error is raised.
+                (``fragments[i][j]``) whose observations or actions are
+                dictionaries or differ from the dataset's. Nothing is then stored.
         """
         if preferences.shape != (len(fragments),):
             raise ValueError(
@@ -232,19 +431,37 @@ class PreferenceDataset(ImitationPreferenceDataset):
             raise ValueError("preferences should have dtype float32")
         if not len(fragments):
             return
+        if any(len(pair) != 2 for pair in fragments):
+            raise ValueError("fragments must be pairs of fragments")
         flat = [frag for pair in fragments for frag in pair]
-        for pair in fragments:
-            if len(pair) != 2:
-                raise ValueError("fragments must be pairs of fragments")
-        reference = _row_types(flat[0]) if not self._columns else None
+        if self._columns:
+            assert self._layout is not None
+            acts = self._columns["acts"]
+            frames_dtype = self._columns["frames"].dtype
+            holder = "; this dataset holds"
+            expected = (
+                (self._layout.obs_shape, frames_dtype),
+                (acts.row_shape, acts.dtype),
+            )
+        else:
+            holder, expected = ", but fragments[0][0] has", _row_types(flat[0])
         for position, frag in enumerate(flat):
             name = f"fragments[{position // 2}][{position % 2}]"
-            self._check_fragment(frag, name)
-            if reference is not None:
-                _check_row_types(frag, name, reference, ", but fragments[0][0] has")
+            if isinstance(frag.obs, types.DictObs):
+                raise ValueError(f"{name}: dictionary observations are not supported")
+            if len(frag.acts) < 1:
+                raise ValueError(f"{name} has no transitions")
+            for kind, (shape, dtype), (want_shape, want_dtype) in zip(
+                ("observations", "actions"), _row_types(frag), expected
+            ):
+                if (shape, dtype) != (want_shape, want_dtype):
+                    raise ValueError(
+                        f"{name} has {kind} {dtype} {shape}{holder} {want_dtype} "
+                        f"{want_shape}",
+                    )
         if not self._columns:
             observations = [np.asarray(f.obs) for f in flat]
-            self._create(frame_stacks.choose_layout(observations), flat[0])
+            self._create(choose_layout(observations), flat[0])
         for frag in flat:
             self._append(frag)
         self._columns["preferences"].append(preferences)
@@ -252,22 +469,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
         self._fingerprint = None
         self._source = None
 
-    def _check_fragment(self, frag: Fragment, name: str) -> None:
-        if isinstance(frag.obs, types.DictObs):
-            raise ValueError(f"{name}: dictionary observations are not supported")
-        if len(frag.acts) < 1:
-            raise ValueError(f"{name} has no transitions")
-        if not self._columns:
-            return
-        assert self._layout is not None
-        acts = self._columns["acts"]
-        expected = (
-            (self._layout.obs_shape, self._columns["frames"].dtype),
-            (acts.row_shape, acts.dtype),
-        )
-        _check_row_types(frag, name, expected, "; this dataset holds")
-
-    def _create(self, layout: frame_stacks.StackLayout, first: Fragment) -> None:
+    def _create(self, layout: StackLayout, first: Fragment) -> None:
         obs, acts = np.asarray(first.obs), np.asarray(first.acts)
         rews = getattr(first, "rews", None)
         self._layout = layout
@@ -285,7 +487,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
     def _append(self, frag: Fragment) -> None:
         assert self._layout is not None
         cols = self._columns
-        frames, rows = frame_stacks.encode(np.asarray(frag.obs), self._layout)
+        frames, rows = encode_frames(np.asarray(frag.obs), self._layout)
         frame_id = cols["frames"].append(frames)
         obs_id = cols["obs_frames"].append(rows + frame_id)
         trans_id = cols["acts"].append(np.asarray(frag.acts))
@@ -294,21 +496,9 @@ class PreferenceDataset(ImitationPreferenceDataset):
         encoded = np.frombuffer(_encode_infos(frag.infos), dtype=np.uint8)
         info_id = cols["infos"].append(encoded)
         cols["info_spans"].append(np.array([[info_id, len(encoded)]], np.int64))
-        cols["fragments"].append(
-            np.array(
-                [
-                    [
-                        obs_id,
-                        trans_id,
-                        len(frag.acts),
-                        frag.terminal,
-                        frame_id,
-                        rews is not None,
-                    ]
-                ],
-                dtype=np.int64,
-            ),
-        )
+        n, has_rews = len(frag.acts), rews is not None
+        row = [obs_id, trans_id, n, frag.terminal, frame_id, has_rews]
+        cols["fragments"].append(np.array([row], dtype=np.int64))
 
     def _evict(self) -> None:
         if self.max_size is None or len(self) <= self.max_size:
@@ -326,30 +516,17 @@ class PreferenceDataset(ImitationPreferenceDataset):
         cols["rews"].drop_before(first[_TRANS])
         cols["frames"].drop_before(first[_FRAME])
 
-    # -- files -----------------------------------------------------------------
-
     def _arrays(self) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
-        """Blocks, shapes and metadata of the store file format (ids from 0).
-
-        The columns' ids start where the oldest kept row was; a store's start
-        at 0.
-        """
+        """Blocks, shapes and metadata of the store file format (ids from 0)."""
         assert self._layout is not None
         columns = self._columns
         fragments = columns["fragments"].to_array()
-        if len(fragments):
-            # The index's columns: first observation, first transition, length,
-            # terminal, first frame, has rewards; the ids shift to start at 0.
-            fragments = fragments - np.array(
-                [
-                    columns["obs_frames"].first,
-                    columns["acts"].first,
-                    0,
-                    0,
-                    columns["frames"].first,
-                    0,
-                ],
-            )
+        if len(fragments):  # ids of observations, transitions and frames shift
+            shift = np.zeros(6, np.int64)
+            shift[[_OBS, _TRANS, _FRAME]] = [
+                columns[name].first for name in ("obs_frames", "acts", "frames")
+            ]
+            fragments = fragments - shift
         small = {
             "obs_frames": columns["obs_frames"].to_array() - columns["frames"].first,
             "fragments": fragments,
@@ -373,9 +550,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
         return blocks, shapes, metadata
 
     def save(self, path: AnyPath) -> None:
-        """Writes the dataset as a frame store: a directory (see :meth:`load`).
-
-        Written atomically: ``path`` holds the old store or the new one.
+        """Writes the dataset as a frame store directory, atomically (see :meth:`load`).
 
         Args:
             path: The store's directory (replaced if it holds a store).
@@ -395,10 +570,8 @@ class PreferenceDataset(ImitationPreferenceDataset):
     def load(path: AnyPath, verify: bool = False) -> "PreferenceDataset":
         """Opens a store written by :meth:`save`, memory-mapped and read-only.
 
-        Pairs pushed later go to memory; the store's files are never written.
-        The frame indices, fragment index, actions, rewards and preferences are
-        checked against their recorded SHA-256 and against each other; the
-        frames only for their size (and their digest with ``verify``).
+        Pairs pushed later go to memory. Every array but the frames is checked
+        against its recorded SHA-256, and the arrays against each other.
 
         Args:
             path: The store's directory.
@@ -428,14 +601,10 @@ class PreferenceDataset(ImitationPreferenceDataset):
         return dataset
 
     def fingerprint(self) -> str:
-        """A digest of the content: pairs, preferences, every array.
+        """A hexadecimal SHA-256 of the content: pairs, preferences, every array.
 
-        Read from the manifest for a store as loaded or saved (no data is read);
-        otherwise the arrays are hashed once and the digest kept until the next
-        push. Equal for a dataset, the store saved from it and that store loaded.
-
-        Returns:
-            A hexadecimal SHA-256.
+        Equal for a dataset, the store saved from it and that store loaded; read
+        from the manifest of a store as loaded or saved, else hashed once per push.
         """
         if self._fingerprint is None:
             if not self._columns:
@@ -459,9 +628,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
         """
         if self._layout is None:
             return
-        where = name
-        if self._source is not None:
-            where = str(self._source / "frames.npy")
+        where = name if self._source is None else str(self._source / "frames.npy")
         shape, dtype = self._layout.obs_shape, self._columns["frames"].dtype
         if tuple(space.shape) != shape or np.dtype(space.dtype) != dtype:
             raise ValueError(
@@ -470,36 +637,10 @@ class PreferenceDataset(ImitationPreferenceDataset):
             )
 
 
-# -- a pushed fragment's observations and actions ------------------------------
-
-
 def _row_types(frag: Fragment) -> Tuple[_RowType, _RowType]:
     """The row types of a fragment's observations and actions."""
     obs, acts = np.asarray(frag.obs), np.asarray(frag.acts)
     return (obs.shape[1:], obs.dtype), (acts.shape[1:], acts.dtype)
-
-
-def _check_row_types(
-    frag: Fragment,
-    name: str,
-    expected: Tuple[_RowType, _RowType],
-    holder: str,
-) -> None:
-    """Raises naming ``name`` if its observations or actions differ from ``expected``.
-
-    ``holder`` says what holds the expected types (the message's second half).
-    """
-    kinds = ("observations", "actions")
-    for kind, (shape, dtype), (want_shape, want_dtype) in zip(
-        kinds, _row_types(frag), expected
-    ):
-        if (shape, dtype) != (want_shape, want_dtype):
-            raise ValueError(
-                f"{name} has {kind} {dtype} {shape}{holder} {want_dtype} {want_shape}",
-            )
-
-
-# -- fragments1 and fragments2, read-only views --------------------------------
 
 
 def _position(key: Any, n: int) -> int:
@@ -536,9 +677,6 @@ class _SideFragments(Sequence[Fragment]):
         i = _position(key, len(self))
         return self._dataset._fragment(2 * i + self._side)
 
-    def __iter__(self) -> Iterator[Fragment]:
-        return (self[i] for i in range(len(self)))
-
     def __add__(self, other: Sequence[Fragment]) -> List[Fragment]:
         # imitation's fragments are lists; code that concatenates them keeps working.
         return [*self, *other]
@@ -547,34 +685,22 @@ class _SideFragments(Sequence[Fragment]):
         return [*other, *self]
 
 
-# -- a loaded store's arrays checked against each other -----------------------
-
-
 def _check_store(
     directory: pathlib.Path,
     manifest: Mapping[str, Any],
     arrays: Mapping[str, np.ndarray],
-) -> frame_stacks.StackLayout:
-    """Checks a store's arrays against each other and its metadata.
+) -> StackLayout:
+    """The store's stack layout, its arrays checked against each other.
 
-    Each file has been checked against the manifest (shape, dtype, size, and the
-    digest of every array but the frames); these checks make sure the arrays
-    agree with each other, so that no index read later points outside its array.
-
-    Args:
-        directory: The store's directory (for messages).
-        manifest: Its manifest.
-        arrays: Its arrays, by name.
-
-    Returns:
-        The store's stack layout.
+    So that no index read later points outside its array; each file has been
+    checked against the manifest already.
 
     Raises:
         imitation_accum.io.frame_store.StoreError: naming the file at fault.
     """
     try:
         metadata = manifest["metadata"]
-        layout = frame_stacks.StackLayout(
+        layout = StackLayout(
             tuple(int(n) for n in metadata["obs_shape"]),
             int(metadata["channels"]),
         )

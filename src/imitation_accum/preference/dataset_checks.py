@@ -1,14 +1,7 @@
 """Whole-dataset checks of preference pairs against an environment's spaces.
 
-Run once before the first optimizer step, so that a wrong observation shape, an
-out-of-range action or a NaN observation in any pair is named (by the pair's
-index in the dataset) before any parameter changes, instead of failing in the
-middle of an epoch with a numpy or torch error naming no pair.
-
-Works on any dataset with ``__len__`` and ``__getitem__`` returning
-``((fragment1, fragment2), preference)``, as imitation's ``PreferenceDataset``
-does; check the whole dataset (not a training subset) so that the indices in the
-messages are those of the file.
+Run before the first step, so that a bad pair (wrong shape, action out of range,
+NaN observation) is named by its index in the file before any parameter changes.
 """
 
 from typing import Any, List, Optional, Sequence
@@ -20,22 +13,16 @@ import numpy as np
 MAX_LISTED = 5
 
 
-def _array(value: Any) -> Optional[np.ndarray]:
-    if isinstance(value, dict) or value is None:
-        return None
-    return np.asarray(value)
-
-
 def _fragment_problems(
     fragment: Any,
     observation_space: gym.Space,
     action_space: gym.Space,
 ) -> List[str]:
     """What is wrong with one fragment, in words (empty: nothing)."""
-    obs = _array(getattr(fragment, "obs", None))
-    acts = _array(getattr(fragment, "acts", None))
-    if obs is None or acts is None:
+    obs, acts = getattr(fragment, "obs", None), getattr(fragment, "acts", None)
+    if any(value is None or isinstance(value, dict) for value in (obs, acts)):
         return ["is not a trajectory with array obs and acts"]
+    obs, acts = np.asarray(obs), np.asarray(acts)
     problems = []
     obs_shape = tuple(observation_space.shape or ())
     if tuple(obs.shape[1:]) != obs_shape:
@@ -95,13 +82,8 @@ def pair_problems(
 ) -> List[str]:
     """What is wrong with one ``((fragment1, fragment2), preference)`` item.
 
-    Args:
-        pair: An item of a preference dataset.
-        observation_space: The environment's observation space.
-        action_space: The environment's action space.
-
     Returns:
-        The problems, in words (empty if the pair fits).
+        The problems, in words (empty if the pair fits the spaces).
     """
     try:
         (first, second), preference = pair
@@ -130,7 +112,9 @@ def check_dataset(
     """Checks every pair of ``dataset`` against the environment's spaces.
 
     Args:
-        dataset: A preference dataset (``__len__``, ``__getitem__``).
+        dataset: Items ``((fragment1, fragment2), preference)``, such as
+            imitation's ``PreferenceDataset`` (the whole file, not a subset,
+            unless ``indices`` say where its items are).
         observation_space: The environment's observation space.
         action_space: The environment's action space.
         name: What the dataset is, for messages (``dataset_path='...'``).

@@ -10,12 +10,10 @@ from imitation_accum.preference.trainer import CrossEntropyRewardTrainer
 
 
 class EnsembleTrainer(CrossEntropyRewardTrainer, pc.EnsembleTrainer):
-    """Trains each member of a ``RewardEnsemble`` like a plain trainer would.
+    """A drop-in for imitation's ``EnsembleTrainer``, each member exact.
 
-    A drop-in for imitation's ``EnsembleTrainer``: the same arguments, bagging
-    (each member trains on its own resample of the dataset, drawn from ``rng``) and
-    member-averaged metrics; each member gets every guarantee of
-    :class:`CrossEntropyRewardTrainer`.
+    imitation's bagging (a resample per member, drawn from ``rng``) and
+    member-averaged metrics; each member is a :class:`CrossEntropyRewardTrainer`.
 
     Args:
         preference_model: The preference model of a ``RewardEnsemble``.
@@ -61,10 +59,7 @@ def make_reward_trainer(
     rng: np.random.Generator,
     reward_trainer_kwargs: Optional[Mapping[str, Any]] = None,
 ) -> CrossEntropyRewardTrainer:
-    """The trainer for ``preference_model``, chosen as imitation chooses it.
-
-    Mirrors imitation's ``_make_reward_trainer``: an ensemble trainer for a reward
-    ensemble, a plain one otherwise.
+    """The trainer for ``preference_model``, as imitation's ``_make_reward_trainer``.
 
     Args:
         preference_model: The preference model to train.
@@ -76,10 +71,6 @@ def make_reward_trainer(
         An :class:`EnsembleTrainer` for a reward ensemble, otherwise a
         :class:`CrossEntropyRewardTrainer`.
     """
-    kwargs = dict(reward_trainer_kwargs or {})
-    cls = (
-        EnsembleTrainer
-        if preference_model.ensemble_model is not None
-        else CrossEntropyRewardTrainer
-    )
-    return cls(preference_model, loss, rng=rng, **kwargs)
+    ensemble = preference_model.ensemble_model is not None
+    cls = EnsembleTrainer if ensemble else CrossEntropyRewardTrainer
+    return cls(preference_model, loss, rng=rng, **(reward_trainer_kwargs or {}))

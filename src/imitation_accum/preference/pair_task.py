@@ -1,35 +1,19 @@
 """The preference-comparison half of a step: pairs in, per-pair losses out.
 
-A :class:`PairChunk` holds consecutive fragment pairs of a batch. The first
-fragments of its pairs are laid end to end, and so are the second fragments (the
-two *sides*); the net is called on the sides in turn, ``forward_size``
-transitions at a time: call ``k`` of the first side, then call ``k`` of the
-second (see :mod:`imitation_accum.planning.plan` for why: exact zeros). The
-per-transition rewards are summed (discounted from each fragment's first
-transition) into returns, and each pair's loss is imitation's: the binary
-cross-entropy between the preference and the Boltzmann-rational probability that
-the first fragment is preferred, with ``noise_prob`` and ``threshold`` as in
-imitation's ``PreferenceModel``.
-
-When one pair does not fit in memory, each side of the batch is laid end to end
-once and cut into :class:`TransitionChunk` ranges that may split fragments (a
-two-pass plan), the sides' ranges in turn; the engine then runs its two-pass
-method: a chunk contributes each of its fragments' discounted partial return,
-with discount weights counted from the fragment's own first transition.
-:func:`make_chunks` cuts a batch as the planner's plan says.
-
-For a net whose converted inputs are small (an MLP's), gathering and converting
-them per call would cost more than the call (:class:`ConvertedBatches`). When the
-whole dataset's converted inputs are small they are converted once per
-``train()`` call, the first fragments' transitions then the second's; each step
-gathers its batch's rows with one index and splits them into its chunks' views,
-one operation per tensor. Where each chunk's transitions go (its layouts and
-discount weights) depends only on the pairs' lengths and terminal flags and on
-the chunks' bounds, so it is cached: batches of equal-length fragments share one.
+A :class:`PairChunk` holds consecutive pairs of a batch, each side (first or
+second fragments) laid end to end and called ``forward_size`` transitions at a
+time, the sides in turn (see :mod:`imitation_accum.planning.plan`: exact zeros).
+Rewards are summed, discounted from each fragment's first transition, into returns;
+each pair's loss is imitation's cross-entropy of its ``PreferenceModel``. A
+two-pass plan cuts each side of the batch into :class:`TransitionChunk` ranges
+that may split fragments. Small inputs (an MLP's) are converted once per batch or
+per ``train()`` call (:class:`ConvertedBatches`).
 """
 
 import dataclasses
 from typing import (
+    Any,
+    Callable,
     Dict,
     Hashable,
     List,
@@ -52,20 +36,19 @@ from imitation_accum.engine.accumulator import ChunkLoss
 from imitation_accum.nets import input_preparation
 from imitation_accum.nets.input_preparation import NetInputs
 from imitation_accum.planning.plan import StepPlan
-from imitation_accum.preference import fragments, pair_table
+from imitation_accum.preference import pair_table
 
-#: A one-pass batch whose converted reward-net inputs take at most this many
-#: bytes is gathered and converted once per step, its chunks' calls slicing it
-#: (small inputs, such as an MLP's: per-call gathering would cost more than
-#: the call).
+#: A one-pass batch whose converted inputs take at most this many bytes is
+#: converted once per step (per-call conversion would cost more than the call).
 CONVERTED_BATCH_BYTES = 4 * 2**20
 #: A dataset whose converted inputs take at most this many bytes is converted
 #: once per ``train()`` call; each step then indexes the rows of its batch.
 CONVERTED_TABLE_BYTES = 16 * 2**20
-
-#: Chunk placements kept (see ``ConvertedBatches._placement``): batches of
-#: equal-length fragments share one.
+#: Chunk placements kept: batches of equal-length fragments share one.
 PLACEMENTS_CACHED = 64
+
+Layouts = Tuple[pair_table.FragmentLayout, pair_table.FragmentLayout]
+Discounts = Tuple[Optional[th.Tensor], Optional[th.Tensor]]
 
 
 def probability_first_preferred(
@@ -74,17 +57,7 @@ def probability_first_preferred(
     noise_prob: float,
     threshold: float,
 ) -> th.Tensor:
-    """Imitation's ``PreferenceModel.probability``, vectorized over pairs.
-
-    Args:
-        returns_a: Returns of the first fragments.
-        returns_b: Returns of the second fragments.
-        noise_prob: Probability that a preference is uniformly random.
-        threshold: Return differences are clipped to ``[-threshold, threshold]``.
-
-    Returns:
-        Probability that each first fragment is preferred.
-    """
+    """Imitation's ``PreferenceModel.probability``, vectorized over pairs."""
     returns_diff = th.clamp(returns_b - returns_a, -threshold, threshold)
     # sigmoid(-d) is imitation's 1 / (1 + exp(d)) in one kernel.
     model_probability = th.sigmoid(-returns_diff)
@@ -102,19 +75,9 @@ def preference_losses(
 ) -> Tuple[th.Tensor, th.Tensor]:
     """Per-pair cross-entropy of imitation's preference model.
 
-    The binary cross-entropy between ``preferences`` and
-    :func:`probability_first_preferred`. Without noise it is computed from the
-    logit, which is stable where the probability rounds to 0 or 1; with noise the
-    probability stays within ``[noise_prob / 2, 1 - noise_prob / 2]``. Unlike
-    ``F.binary_cross_entropy``, a non-finite return gives a non-finite loss
-    rather than an exception, so the engine can discard the step.
-
-    Args:
-        returns_a: Returns of the first fragments.
-        returns_b: Returns of the second fragments.
-        preferences: Probability that each first fragment is preferred.
-        noise_prob: Probability that a preference is uniformly random.
-        threshold: Return differences are clipped to ``[-threshold, threshold]``.
+    Without noise it is computed from the logit (stable where the probability
+    rounds to 0 or 1). A non-finite return gives a non-finite loss, not an
+    exception as in ``F.binary_cross_entropy``, so the engine can discard the step.
 
     Returns:
         The per-pair losses and the (detached) predicted probabilities.
@@ -123,9 +86,7 @@ def preference_losses(
         # The logit of the first fragment being preferred: -clip(R_b - R_a).
         logits = th.clamp(returns_a - returns_b, -threshold, threshold)
         losses = F.binary_cross_entropy_with_logits(
-            logits,
-            preferences,
-            reduction="none",
+            logits, preferences, reduction="none"
         )
         return losses, th.sigmoid(logits.detach())
     probs = probability_first_preferred(returns_a, returns_b, noise_prob, threshold)
@@ -135,20 +96,22 @@ def preference_losses(
 
 @dataclasses.dataclass
 class PairChunk:
-    """Consecutive fragment pairs of a batch, ready for the reward net."""
+    """Consecutive fragment pairs of a batch, ready for the reward net.
 
-    layouts: Tuple[fragments.FragmentLayout, fragments.FragmentLayout]
-    """Fragments ``[a0, a1, ...]`` and ``[b0, b1, ...]``, each laid end to end."""
+    Attributes:
+        layouts: Fragments ``[a0, a1, ...]`` and ``[b0, b1, ...]``, each end to end.
+        preferences: Probability that ``a_i`` is preferred, on the net's device.
+        prefers_first: Whether ``a_i`` is the preferred one (preference > 0.5).
+        discounts: Each side's per-transition discount weights (``None``: 1).
+        converted_inputs: Each side's net inputs, views of the batch's converted
+            once (``None``: each call converts its own).
+    """
+
+    layouts: Layouts
     preferences: th.Tensor
-    """Probability that fragment ``a_i`` is preferred, on the net's device."""
     prefers_first: th.Tensor
-    """Whether ``a_i`` is the preferred one (preference above 0.5)."""
-    discounts: Tuple[Optional[th.Tensor], Optional[th.Tensor]]
-    """Per-transition discount weights of each side (``None`` for a discount of 1)."""
+    discounts: Discounts
     converted_inputs: Optional[Tuple[NetInputs, NetInputs]] = None
-    """Each side's net inputs ``(state, action, next_state, done)``, one row per
-    transition: views of the batch's, converted once (``None``: each call
-    converts its own)."""
 
     @property
     def n_pairs(self) -> int:
@@ -158,12 +121,10 @@ class PairChunk:
 
 @dataclasses.dataclass
 class TransitionChunk:
-    """Transitions ``[start, stop)`` of one side of a whole batch (two-pass)."""
+    """Transitions ``[start, stop)`` of side ``side`` of a whole batch (two-pass)."""
 
     batch: PairChunk
-    """Every pair of the batch (this process's share of it), laid out."""
     side: int
-    """0: the first fragments, 1: the second."""
     start: int
     stop: int
 
@@ -174,11 +135,7 @@ class TransitionChunk:
 
 
 class SideRewards(NamedTuple):
-    """A pair chunk's per-transition rewards, each side's on its own.
-
-    Kept apart rather than concatenated: the returns sum each side, so a
-    concatenation would only be sliced again, two more nodes for the backward.
-    """
+    """A pair chunk's per-transition rewards, each side's apart (summed apart)."""
 
     first: th.Tensor
     second: th.Tensor
@@ -190,14 +147,8 @@ class SideRewards(NamedTuple):
         return SideRewards(self.first.float(), self.second.float())
 
 
-def _joined(calls: List[th.Tensor]) -> th.Tensor:
-    return calls[0] if len(calls) == 1 else th.cat(calls)
-
-
 class PreferenceTask:
-    """Forward and loss of pair chunks for one reward net.
-
-    Its metric (summed over pairs) is ``accuracy``.
+    """Forward and loss of pair chunks for one reward net; its metric: ``accuracy``.
 
     Args:
         net: The reward net (``preprocess`` then ``forward`` per call).
@@ -224,13 +175,12 @@ class PreferenceTask:
         self.discount_factor = discount_factor
         self.threshold = threshold
         # What each call runs after net.preprocess: the net, or a wrapper that
-        # forwards to it and must see every forward (DistributedDataParallel).
+        # must see every forward (DistributedDataParallel).
         self.call_target: th.nn.Module = net
         self.device = net.device
         self.inputs = input_preparation.InputPreparer(net)
         self.stager = stager
         self.converted_batches = ConvertedBatches(self)
-        """Batches of small inputs, converted once."""
 
     def refresh_device(self) -> None:
         """Re-reads the net's device (looked up once per step, not per call)."""
@@ -240,9 +190,7 @@ class PreferenceTask:
         return util.safe_to_tensor(array).to(self.device)
 
     def make_chunk(
-        self,
-        table: pair_table.PreferenceTable,
-        indices: np.ndarray,
+        self, table: pair_table.PreferenceTable, indices: np.ndarray
     ) -> PairChunk:
         """Lays out pairs ``indices`` of ``table``; preferences go to the device."""
         layouts = tuple(table.side_layout(indices, side) for side in (0, 1))
@@ -252,20 +200,10 @@ class PreferenceTask:
         )
         return PairChunk(layouts, prefs, prefs > 0.5, discounts)  # type: ignore[arg-type]
 
-    def convert(
-        self,
-        layout: staging.RowSource,
-        start: int,
-        stop: int,
-    ) -> NetInputs:
-        """The net's converted inputs of transitions ``[start, stop)`` of ``layout``.
-
-        Frames travel to the device as stored (uint8) and are converted there.
-        """
+    def convert(self, layout: staging.RowSource, start: int, stop: int) -> NetInputs:
+        """The net's inputs of transitions ``[start, stop)``, converted on device."""
         obs, acts, next_obs, dones = layout.gather(
-            start,
-            stop,
-            next_obs=self.inputs.reads_next_state,
+            start, stop, next_obs=self.inputs.reads_next_state
         )
         return self.inputs(
             self._to_device(obs),
@@ -274,12 +212,10 @@ class PreferenceTask:
             self._to_device(dones),
         )
 
-    def discount_weights(self, layout: fragments.FragmentLayout) -> Optional[th.Tensor]:
-        """Per transition of ``layout``, its discount weight, on the device.
-
-        Returns:
-            The weights, or ``None`` for a discount factor of 1.
-        """
+    def discount_weights(
+        self, layout: pair_table.FragmentLayout
+    ) -> Optional[th.Tensor]:
+        """Per transition of ``layout``, its discount weight (``None`` for 1)."""
         if self.discount_factor == 1:
             return None
         weights = layout.discount_weights(self.discount_factor)
@@ -294,15 +230,7 @@ class PreferenceTask:
     ) -> th.Tensor:
         """One reward-net call on transitions ``[start, stop)`` of ``layout``.
 
-        Args:
-            layout: The fragments, laid end to end.
-            start: First transition.
-            stop: One past the last transition.
-            module: What the call runs after ``preprocess``; by default
-                ``call_target``.
-
-        Returns:
-            One reward per transition.
+        ``module`` is what runs after ``preprocess`` (default ``call_target``).
         """
         return self.run(self.convert(layout, start, stop), start, stop, module)
 
@@ -315,20 +243,10 @@ class PreferenceTask:
     ) -> th.Tensor:
         """One reward-net call on converted ``inputs`` of transitions ``[start, stop)``.
 
-        Args:
-            inputs: ``(state, action, next_state, done)``, one row per transition.
-            start: First transition.
-            stop: One past the last transition.
-            module: What the call runs; by default ``call_target``.
-
-        Returns:
-            One reward per transition.
-
         Raises:
             ValueError: if the net does not return one reward per transition.
         """
-        through = self.call_target if module is None else module
-        rewards = through(*inputs)
+        rewards = (self.call_target if module is None else module)(*inputs)
         if rewards.shape != (stop - start,):
             raise ValueError(
                 f"reward net returned shape {tuple(rewards.shape)} for "
@@ -341,10 +259,10 @@ class PreferenceTask:
         chunk: Union[PairChunk, TransitionChunk],
         forward_size: int,
     ) -> Union[th.Tensor, SideRewards]:
-        """Per-transition rewards of ``chunk``, each side apart (:class:`SideRewards`).
+        """Per-transition rewards of ``chunk``: :class:`SideRewards`, or one tensor.
 
-        The sides are called in turn, ``forward_size`` transitions at a time (a
-        two-pass chunk is one call on one side, and gives one tensor).
+        The sides are called in turn, ``forward_size`` transitions at a time; a
+        two-pass chunk is one call on one side.
         """
         if isinstance(chunk, TransitionChunk):
             layout = chunk.batch.layouts[chunk.side]
@@ -357,53 +275,33 @@ class PreferenceTask:
         sizes = [source.n_transitions for source in sources]
         for start in range(0, max(sizes), forward_size):
             for side, source in enumerate(sources):
-                if start < sizes[side]:
-                    stop = min(start + forward_size, sizes[side])
-                    outputs[side].append(
-                        self._side_call(chunk, side, source, start, stop, sizes[side])
-                    )
-        return SideRewards(*(_joined(side) for side in outputs))
-
-    def _side_call(
-        self,
-        chunk: PairChunk,
-        side: int,
-        source: staging.RowSource,
-        start: int,
-        stop: int,
-        side_transitions: int,
-    ):
-        if chunk.converted_inputs is None:
-            return self.call(source, start, stop)
-        inputs = chunk.converted_inputs[side]
-        if start or stop < side_transitions:  # a call over part of the side
-            inputs = tuple(tensor[start:stop] for tensor in inputs)  # type: ignore
-        return self.run(inputs, start, stop)
-
-    def returns(
-        self, chunk: PairChunk, rewards: SideRewards
-    ) -> Tuple[th.Tensor, th.Tensor]:
-        """Each fragment's discounted return: the first fragments', the second's."""
-        sides = (rewards.first, rewards.second)
-        returns = []
-        for layout, discounts, side_rewards in zip(
-            chunk.layouts, chunk.discounts, sides
-        ):
-            if discounts is not None:
-                side_rewards = side_rewards * discounts
-            returns.append(layout.segment_sums(side_rewards))
-        return returns[0], returns[1]
+                if start >= sizes[side]:
+                    continue
+                stop = min(start + forward_size, sizes[side])
+                if chunk.converted_inputs is None:
+                    outputs[side].append(self.call(source, start, stop))
+                    continue
+                inputs = chunk.converted_inputs[side]
+                if start or stop < sizes[side]:  # a call over part of the side
+                    inputs = tuple(t[start:stop] for t in inputs)  # type: ignore
+                outputs[side].append(self.run(inputs, start, stop))
+        return SideRewards(*(o[0] if len(o) == 1 else th.cat(o) for o in outputs))
 
     def loss(self, chunk: PairChunk, outputs: SideRewards) -> ChunkLoss:
         """Per-pair cross-entropy losses and correct-prediction counts."""
-        return self._loss_of_returns(chunk, *self.returns(chunk, outputs))
+        returns = []
+        for layout, discounts, rewards in zip(chunk.layouts, chunk.discounts, outputs):
+            if discounts is not None:
+                rewards = rewards * discounts
+            returns.append(layout.segment_sums(rewards))
+        return self._loss_of_returns(chunk, *returns)
 
     def partial_sums(self, chunk: TransitionChunk, outputs: th.Tensor) -> th.Tensor:
         """Two-pass: the chunk's part of every return, ``[R_a..., R_b...]``."""
         discounts = chunk.batch.discounts[chunk.side]
         if discounts is not None:
-            # Weights counted from each fragment's first transition, also for a
-            # chunk that starts inside a fragment.
+            # Counted from each fragment's first transition, also for a chunk
+            # that starts inside a fragment.
             outputs = outputs * discounts[chunk.start : chunk.stop]
         layout = chunk.batch.layouts[chunk.side]
         part = layout.range_sums(outputs, chunk.start, chunk.stop)
@@ -411,28 +309,18 @@ class PreferenceTask:
         return th.cat([part, zeros] if chunk.side == 0 else [zeros, part])
 
     def loss_of_sums(
-        self,
-        chunks: Sequence[TransitionChunk],
-        sums: th.Tensor,
+        self, chunks: Sequence[TransitionChunk], sums: th.Tensor
     ) -> ChunkLoss:
         """Two-pass: every pair's loss from the returns of the whole batch."""
         batch = chunks[0].batch
-        return self._loss_of_returns(
-            batch, sums[: batch.n_pairs], sums[batch.n_pairs :]
-        )
+        n = batch.n_pairs
+        return self._loss_of_returns(batch, sums[:n], sums[n:])
 
     def _loss_of_returns(
-        self,
-        chunk: PairChunk,
-        returns_a: th.Tensor,
-        returns_b: th.Tensor,
+        self, chunk: PairChunk, returns_a: th.Tensor, returns_b: th.Tensor
     ) -> ChunkLoss:
         losses, probs = preference_losses(
-            returns_a,
-            returns_b,
-            chunk.preferences,
-            self.noise_prob,
-            self.threshold,
+            returns_a, returns_b, chunk.preferences, self.noise_prob, self.threshold
         )
         correct = ((probs > 0.5) == chunk.prefers_first).sum()
         return ChunkLoss(
@@ -442,20 +330,13 @@ class PreferenceTask:
         )
 
     def ground_truth_losses(
-        self,
-        table: pair_table.PreferenceTable,
+        self, table: pair_table.PreferenceTable
     ) -> Optional[np.ndarray]:
-        """Per-pair cross-entropy of the true rewards' preferences (``gt_reward_loss``).
-
-        Computed once per ``train()`` call, so that a step's figure is a mean over
-        its pairs rather than a pass over its fragments.
-
-        Args:
-            table: The dataset.
+        """Per-pair cross-entropy of the true rewards' preferences (per ``train()``).
 
         Returns:
-            One loss per pair, as ``F.binary_cross_entropy`` computes it, or
-            ``None`` if some fragment has no rewards.
+            One loss per pair (``gt_reward_loss``, as ``F.binary_cross_entropy``
+            computes it), or ``None`` if some fragment has no rewards.
         """
         all_rews = table.rewards()
         if all_rews is None:
@@ -466,10 +347,7 @@ class PreferenceTask:
             rews = rews * th.as_tensor(layout.discount_weights(self.discount_factor))
         returns = layout.segment_sums(rews)
         probs = probability_first_preferred(
-            returns[0::2],
-            returns[1::2],
-            self.noise_prob,
-            self.threshold,
+            returns[0::2], returns[1::2], self.noise_prob, self.threshold
         )
         losses = F.binary_cross_entropy(
             probs,
@@ -499,13 +377,7 @@ def make_chunks(
     local: np.ndarray,
     plan: StepPlan,
 ) -> List[Union[PairChunk, TransitionChunk]]:
-    """The chunks of pairs ``local`` of ``table`` that ``plan`` lays out.
-
-    Args:
-        task: Lays pairs out for the reward net.
-        table: The dataset.
-        local: The pairs of the batch (this process's share), in order.
-        plan: The planner's plan for them.
+    """The chunks of pairs ``local`` (this process's share of a batch) ``plan`` says.
 
     Returns:
         Chunks of whole pairs (one pass) or of transition ranges (two passes).
@@ -539,16 +411,17 @@ def _ranges(chunk: Union[PairChunk, TransitionChunk]) -> staging.Ranges:
 class _Placement(NamedTuple):
     """Where a batch's transitions go, chunk by chunk (see ``_placement``)."""
 
-    side_sizes: List[List[int]]
-    """Per side, the transitions of each chunk."""
+    side_sizes: List[List[int]]  # per side, the transitions of each chunk
     pair_counts: List[int]
-    """Pairs per chunk."""
-    chunk_layouts: List[Tuple[fragments.FragmentLayout, fragments.FragmentLayout]]
-    chunk_discounts: List[Tuple[Optional[th.Tensor], Optional[th.Tensor]]]
+    chunk_layouts: List[Layouts]
+    chunk_discounts: List[Discounts]
 
 
 class ConvertedBatches:
     """The converted inputs of a task's batches, and their chunks.
+
+    Where each chunk's transitions go depends only on the pairs' lengths and
+    terminal flags and the chunks' bounds, so it is cached.
 
     Args:
         task: Converts inputs and lays pairs out for the reward net.
@@ -573,7 +446,7 @@ class ConvertedBatches:
 
     def _input_bytes(self, table: pair_table.PreferenceTable) -> int:
         """Bytes of one transition's converted inputs (float32 observations)."""
-        frame: np.ndarray = table.pairs[0][0].obs  # type: ignore[assignment]
+        frame = table.first_obs()
         width = int(np.prod(frame.shape[1:])) * 4
         return width * (2 if self.task.inputs.reads_next_state else 1)
 
@@ -583,16 +456,7 @@ class ConvertedBatches:
         local: np.ndarray,
         side_sizes: Sequence[List[int]],
     ) -> List[List[NetInputs]]:
-        """Each side's converted inputs of pairs ``local``, cut into chunks.
-
-        Args:
-            table: The dataset.
-            local: The pairs of the batch, in order.
-            side_sizes: Per side, the transitions of each chunk.
-
-        Returns:
-            Per side, per chunk, views of the inputs in layout order.
-        """
+        """Per side, per chunk, views of the converted inputs of pairs ``local``."""
         converted = self._table_inputs(table)
         if converted is None:
             layouts = [table.side_layout(local, side) for side in (0, 1)]
@@ -609,12 +473,8 @@ class ConvertedBatches:
             ]
         )
         index = th.as_tensor(rows, device=self.task.device)
-        picked: Dict[int, th.Tensor] = {}  # next_state may be state itself
-        for tensor in table_inputs:
-            if id(tensor) not in picked:
-                picked[id(tensor)] = tensor.index_select(0, index)
-        gathered = tuple(picked[id(tensor)] for tensor in table_inputs)
-        views = _split_views(gathered, [*side_sizes[0], *side_sizes[1]])  # type: ignore[arg-type]
+        gathered = _each_once(table_inputs, lambda t: t.index_select(0, index))
+        views = _split_views(gathered, [*side_sizes[0], *side_sizes[1]])
         n_chunks = len(side_sizes[0])
         return [views[:n_chunks], views[n_chunks:]]
 
@@ -622,10 +482,9 @@ class ConvertedBatches:
         self,
         table: pair_table.PreferenceTable,
     ) -> Optional[Tuple[NetInputs, Tuple[np.ndarray, np.ndarray]]]:
-        """The whole dataset's converted inputs, if small; cached.
+        """The whole dataset's converted inputs, if small, and each side's offsets.
 
-        The first fragments' transitions come first, then the second
-        fragments'; also returned: each side's fragment offsets in those rows.
+        Cached; the first fragments' transitions come first, then the second's.
         """
         cached = self._converted_table
         if cached is not None and cached[0] is table and cached[1] == self.task.device:
@@ -638,14 +497,11 @@ class ConvertedBatches:
             self.task.convert(layout, 0, layout.n_transitions)
             for layout in (first, second)
         ]
-        joined: Dict[Tuple[int, int], th.Tensor] = {}  # next_state may be state
-        for a, b in zip(*sides):
-            if (id(a), id(b)) not in joined:
-                joined[id(a), id(b)] = th.cat([a, b])
-        inputs = tuple(joined[id(a), id(b)] for a, b in zip(*sides))
+        second_of = {id(a): b for a, b in zip(*sides)}
+        inputs = _each_once(sides[0], lambda a: th.cat([a, second_of[id(a)]]))
         offsets = (first.offsets, second.offsets + first.n_transitions)
         self._converted_table = (table, self.task.device, (inputs, offsets))
-        return inputs, offsets  # type: ignore[return-value]
+        return inputs, offsets
 
     def chunks(
         self,
@@ -655,9 +511,8 @@ class ConvertedBatches:
     ) -> List[PairChunk]:
         """Chunks of pairs ``local`` whose calls read inputs converted once.
 
-        The batch's inputs and preferences are gathered once and split into the
-        chunks' views in one operation per tensor (the per-step bookkeeping of a
-        small net costs more than its calls).
+        Inputs and preferences are gathered once and split into the chunks' views,
+        one operation per tensor.
         """
         placement = self._placement(table, local, item_chunks)
         inputs = self._chunk_inputs(table, local, placement.side_sizes)
@@ -685,11 +540,7 @@ class ConvertedBatches:
         local: np.ndarray,
         item_chunks: Sequence[slice],
     ) -> _Placement:
-        """Where the transitions of pairs ``local`` go, chunk by chunk; cached.
-
-        It depends only on the pairs' lengths and terminal flags and on the
-        chunks' bounds, which repeat from step to step.
-        """
+        """Where the transitions of pairs ``local`` go, chunk by chunk; cached."""
         bounds = tuple((items.start, items.stop) for items in item_chunks)
         key = (
             table.lengths[local].tobytes(),
@@ -701,12 +552,9 @@ class ConvertedBatches:
         if placement is not None:
             return placement
         layouts = [_placed(table, local, side) for side in (0, 1)]
+        starts, stops = np.array(bounds).T
         side_sizes = [
-            [
-                int(layout.offsets[stop] - layout.offsets[start])
-                for start, stop in bounds
-            ]
-            for layout in layouts
+            (lay.offsets[stops] - lay.offsets[starts]).tolist() for lay in layouts
         ]
         discounts = [
             [None] * len(bounds) if weights is None else weights.split_with_sizes(sizes)
@@ -735,27 +583,26 @@ def _placed(
     table: pair_table.PreferenceTable,
     pairs: np.ndarray,
     side: int,
-) -> fragments.FragmentLayout:
-    """Where the ``side`` fragments of ``pairs`` lie end to end, without them.
-
-    It holds no fragment, so a cached placement serves every batch of the same
-    lengths and terminal flags; its calls read inputs converted beforehand.
-    """
-    return fragments.FragmentLayout.from_arrays(
+) -> pair_table.FragmentLayout:
+    """The ``side`` fragments of ``pairs`` laid out without them (cacheable)."""
+    return pair_table.FragmentLayout.from_arrays(
         (), table.lengths[pairs, side], table.terminal[pairs, side]
     )
 
 
+def _each_once(inputs: Sequence[th.Tensor], fn: Callable[[th.Tensor], Any]) -> Any:
+    """``fn`` of each of ``inputs``, once per distinct tensor (``state`` may repeat)."""
+    done: Dict[int, Any] = {}
+    for tensor in inputs:
+        if id(tensor) not in done:
+            done[id(tensor)] = fn(tensor)
+    return tuple(done[id(tensor)] for tensor in inputs)
+
+
 def _split_views(inputs: NetInputs, sizes: List[int]) -> List[NetInputs]:
     """``inputs`` cut into consecutive row ranges of ``sizes``, as views."""
-    splits: Dict[int, Sequence[th.Tensor]] = {}  # next_state may be state itself
-    for tensor in inputs:
-        if id(tensor) not in splits:
-            splits[id(tensor)] = tensor.split_with_sizes(sizes)
-    return [
-        tuple(splits[id(tensor)][k] for tensor in inputs)  # type: ignore[misc]
-        for k in range(len(sizes))
-    ]
+    splits = _each_once(inputs, lambda tensor: tensor.split_with_sizes(sizes))
+    return [tuple(split[k] for split in splits) for k in range(len(sizes))]
 
 
 def _transition_rows(

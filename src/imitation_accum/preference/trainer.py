@@ -1,20 +1,9 @@
 """Drop-in reward trainer for imitation's preference comparisons.
 
-:class:`CrossEntropyRewardTrainer` replaces imitation's ``BasicRewardTrainer`` with
-``CrossEntropyRewardLoss`` (same constructor arguments and defaults). Any
-``minibatch_size`` gives the full-batch update: see the package's exactness
-contract. One step runs ``sampler -> policy -> plan -> chunks -> engine``: each
-``train()`` builds the step policy from the trainer's attributes (so assigning
-``minibatch_size``, ``max_grad_norm``, ``optim``, ... takes effect at the next
-``train()``, as in imitation), the batch's pairs are planned
-(:func:`~imitation_accum.planning.plan.plan_step`), laid out as the plan says
-(:func:`~imitation_accum.preference.pair_task.make_chunks`) and stepped by the
-engine with the plan as its argument.
-
-Batches are drawn from the trainer's own ``numpy`` generator, a fresh permutation
-per epoch (``B1 B2 B3 B1' B2' B3'``); their composition and order never depend on
-``minibatch_size`` (the split into minibatches happens inside a batch) nor on
-torch's global RNG. What a step logs are full-batch figures under imitation's keys.
+One step runs ``sampler -> policy -> plan -> chunks -> engine``: each ``train()``
+builds the step policy from the trainer's attributes, the batch's pairs are planned
+(:mod:`~imitation_accum.planning.plan`), laid out
+(:func:`~imitation_accum.preference.pair_task.make_chunks`) and stepped by the engine.
 """
 
 import copy
@@ -48,13 +37,11 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
 
     A drop-in for imitation's ``BasicRewardTrainer`` with ``CrossEntropyRewardLoss``:
     the same arguments and defaults, plus the keyword-only ones below. Every
-    optimizer step equals one step on the whole batch, whatever ``minibatch_size``:
-    chunk losses are summed and divided by the pairs in the batch, regularizers and
-    clipping act once per step, ``RunningNorm``/``EMANorm`` statistics are those of
-    one forward over the batch, and logged figures are full-batch figures.
-
-    Batches are drawn from ``rng`` with a fresh permutation every epoch; the last,
-    partial batch of an epoch is a plain mean over its own pairs.
+    optimizer step equals one step on the whole batch, whatever ``minibatch_size``
+    (see the exactness contract in ``docs/``); logged figures are full-batch
+    figures under imitation's keys. Batches are drawn from ``rng``, a fresh
+    permutation every epoch (never from torch's global RNG); the last, partial
+    batch of an epoch is a plain mean over its own pairs.
 
     Args:
         preference_model: The preference model whose reward net is trained
@@ -70,37 +57,29 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         custom_logger: Where to log; a new logger if ``None``.
         regularizer_factory: Builds an imitation regularizer, applied once per
             step; its lambda updater gets item-weighted train and validation losses.
-        forward_size: Transitions per reward-net call, or ``"auto"``: from the
-            memory probe's bytes per transition and the device (deterministic: the
-            whole chunk on CUDA, calls whose activations fit
-            ``planning.probe.CPU_CALL_BYTES`` on a CPU; logged as ``forward_size``).
+        forward_size: Transitions per reward-net call, or ``"auto"``: derived
+            from the memory probe and the device (deterministic; logged).
         drop_last: Drop each epoch's last batch if it is partial.
         max_grad_norm: Clip the gradient norm to this once per step.
         progress_bar: Show a tqdm progress bar over steps.
         optimizer_cls: The optimizer (imitation uses AdamW).
         optimizer_kwargs: Further optimizer arguments (``lr`` is passed already).
         memory_budget: Instead of ``minibatch_size``: bytes, a size such as
-            ``"6GiB"`` or ``"500MB"``, or ``"auto"`` (a share of the device's free
-            memory, or of the host's available memory on a CPU). A probe
-            forward/backward on a few transitions counts the bytes autograd saves
-            per transition; chunks are then sized in transitions to fit the
-            budget with the parameters, gradients and optimizer state, and when
-            one pair does not fit, fragments are split across chunks (two
-            passes). The estimate and the chunk size are logged. On CUDA, a step
-            that runs out of memory anyway is redone with chunks half as large.
+            ``"6GiB"``, or ``"auto"`` (a share of free device or host memory).
+            Chunks are sized from a probe of the bytes autograd saves per
+            transition, split inside pairs (two passes) when one pair does not
+            fit; on CUDA, a step that runs out of memory is redone with chunks
+            half as large. See ``docs/memory.md``.
         autocast_dtype: ``"bfloat16"`` or ``"float16"`` to run the reward net
-            under ``torch.autocast``; float16 (CUDA only) scales each minibatch's
-            loss with a ``GradScaler`` and unscales, clips and steps once per
-            batch; steps skipped for overflow are logged (``amp_skipped_steps``).
-        activation_checkpointing: Recompute the activations of the net's
-            ``CnnRewardNet`` convolutions in the backward instead of keeping them
-            (non-reentrant checkpointing; exact).
+            under ``torch.autocast`` (float16, CUDA only, with a ``GradScaler``;
+            skipped steps are logged as ``amp_skipped_steps``).
+        activation_checkpointing: Recompute the ``CnnRewardNet`` convolutions'
+            activations in the backward (exact).
         two_pass: ``None`` runs two passes only when one pair does not fit;
             ``True``/``False`` pins the choice.
-        acceleration: Accelerator options, all off by default: an
+        acceleration: Accelerator options (all off by default), an
             :class:`~imitation_accum.engine.acceleration.Acceleration` or a mapping
-            of its fields (``pinned_staging``, ``channels_last``, ``compile``,
-            ``cudnn_benchmark``); see ``docs/gpu.md``.
+            of its fields; see ``docs/gpu.md``.
 
     ``minibatch_size``, ``memory_budget``, ``forward_size``, ``two_pass``,
     ``batch_size``, ``epochs``, ``lr``, ``max_grad_norm``, ``optim`` and ``logger``
@@ -210,15 +189,11 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         self._profiles: Dict[Hashable, probe.ActivationProfile] = {}
         self._backed_off_cap: Optional[int] = None
         self.step_policy: Optional[StepPolicy] = None
-        """The step policy (minibatch size, memory cap, forward size, passes):
-        built by each ``train()`` from the attributes, halved after a CUDA
-        out-of-memory error; the next step runs with it."""
+        """Built by each ``train()`` from the attributes; halved after CUDA OOM."""
         self.last_plan: Optional[StepPlan] = None
         """The plan of the last step (``forward_size``, ``two_pass``, chunks)."""
         self.memory_profile: Optional[probe.ActivationProfile] = None
         """The memory probe's profile of the net, once one was needed."""
-        self.n_skipped_steps = 0
-        """float16 steps skipped for overflowing gradients."""
         if not self._for_ensembles:
             self._check_memory_options()
             self._engine = self._make_engine()
@@ -315,10 +290,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         )
 
     def _local_items(self, indices: np.ndarray) -> np.ndarray:
-        """The share of ``indices`` this process computes (a hook: all of them).
-
-        Losses are always divided by the size of the whole batch.
-        """
+        """The share of ``indices`` this process computes (a hook: all of them)."""
         return indices
 
     @property
@@ -345,9 +317,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         if self.requires_regularizer_update:
             assert self.regularizer is not None and self.regularizer.val_split
             train_idx, val_idx = _split_validation(
-                self.rng,
-                len(table),
-                self.regularizer.val_split,
+                self.rng, len(table), self.regularizer.val_split
             )
         steps_per_epoch = _n_batches(len(train_idx), self.batch_size, self.drop_last)
         self._task.refresh_device()
@@ -367,8 +337,8 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                 batches = _epoch_batches(
                     self.rng, train_idx, self.batch_size, self.drop_last
                 )
-                epoch_loss_sum, epoch_items = 0.0, 0
-                epoch_accuracy_sum, epoch_seconds = 0.0, 0.0
+                loss_sum = accuracy_sum = seconds = 0.0
+                n_pairs = 0
                 with self.logger.add_key_prefix(f"epoch-{epoch_num}"):
                     for step_in_epoch, batch in enumerate(batches):
                         try:
@@ -378,29 +348,22 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                             if step_in_epoch == 0:
                                 self.rng.bit_generator.state = rng_before_epoch
                             raise
-                        epoch_loss_sum += result.loss * result.n_items
-                        epoch_items += result.n_items
-                        epoch_accuracy_sum += (
-                            result.metrics["accuracy"] * result.n_items
-                        )
-                        epoch_seconds += result.seconds
+                        loss_sum += result.loss * result.n_items
+                        accuracy_sum += result.metrics["accuracy"] * result.n_items
+                        n_pairs += result.n_items
+                        seconds += result.seconds
                         progress.update()
                         if time.perf_counter() - last_postfix > 0.5:
                             last_postfix = time.perf_counter()
                             progress.set_postfix(_postfix(result), refresh=False)
                     if val_idx is not None:
-                        train_loss = epoch_loss_sum / epoch_items
-                        self._update_regularizer(table, val_idx, train_loss)
+                        self._update_regularizer(table, val_idx, loss_sum / n_pairs)
                 if self.progress_bar:  # the bar's companion: a line per epoch
+                    rate = n_pairs / seconds if seconds > 0 else float("inf")
                     self.logger.log(
-                        _epoch_line(
-                            epoch_num,
-                            epochs,
-                            epoch_loss_sum,
-                            epoch_accuracy_sum,
-                            epoch_items,
-                            epoch_seconds,
-                        )
+                        f"reward model epoch {epoch_num + 1}/{epochs}: loss "
+                        f"{loss_sum / n_pairs:.4f}, accuracy "
+                        f"{accuracy_sum / n_pairs:.3f}, {rate:.0f} pairs/s"
                     )
             # Postfixes are throttled; the last refresh shows the last step.
             progress.set_postfix(_postfix(result), refresh=True)
@@ -422,11 +385,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         )
 
     def _step_policy(self, table: pair_table.PreferenceTable) -> StepPolicy:
-        """This ``train()``'s step policy, from the trainer's attributes.
-
-        The memory probe runs (once per input, device and optimizer) when a
-        ``memory_budget`` is given or ``forward_size="auto"``.
-        """
+        """This ``train()``'s step policy, from the attributes and the memory probe."""
         acceleration_options.check_supported(self.autocast_dtype, self._task.device)
         forward_size: Optional[int] = None
         cap = None
@@ -452,7 +411,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
 
     def _profile(self, table: pair_table.PreferenceTable) -> probe.ActivationProfile:
         """What a few reward-net calls on the first pair keep for backward; cached."""
-        frame = np.asarray(table.pairs[0][0].obs)
+        frame = table.first_obs()
         engine = self.engine
         key = (
             frame.shape[1:],
@@ -488,11 +447,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         table: pair_table.PreferenceTable,
         profile: probe.ActivationProfile,
     ) -> int:
-        """The transitions per chunk ``memory_budget`` holds; logged.
-
-        Raises:
-            ValueError: if not even one transition fits in the budget.
-        """
+        """The transitions per chunk ``memory_budget`` holds (logged; raises if 0)."""
         assert self.memory_budget is not None
         pair_lengths = table.lengths.sum(1)
         largest_batch = int(np.sort(pair_lengths)[-self.batch_size :].sum())
@@ -544,42 +499,48 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             # An out-of-memory back-off holds for later train() calls too.
             self._backed_off_cap = ran.chunk_cap
         self.step_policy, self.last_plan = ran, plan
-        return plan, result
+        return result
 
     def _train_step(
         self,
         table: pair_table.PreferenceTable,
         batch: np.ndarray,
     ) -> StepResult:
-        plan, result = self._run(table, batch, evaluation=False)
-        self.n_skipped_steps += int(result.skipped)
-        _record_step(
-            self.logger,
-            result,
-            plan,
-            gt_loss=_mean_of(self._gt_losses, batch),
-            profile=self.memory_profile if self.memory_budget is not None else None,
-            skipped_steps=self.n_skipped_steps,
+        result = self._run(table, batch, evaluation=False)
+        plan = self.last_plan
+        assert plan is not None
+
+        def record(key: str, value: float) -> None:
             # Per-epoch figures go to files and TensorBoard; the printed table
             # gets the last epoch's (``reward/final/...``) and a line per epoch.
-            exclude=("stdout", "log"),
-        )
-        return result
+            self.logger.record(key, value, ("stdout", "log"))
 
-    def _evaluate(
-        self,
-        table: pair_table.PreferenceTable,
-        indices: np.ndarray,
-    ) -> EvaluationResult:
-        """Loss and metrics of pairs ``indices``, planned as a no-grad evaluation."""
-        return self._run(table, indices, evaluation=True)[1]
+        record("loss", result.loss)
+        record("accuracy", result.metrics["accuracy"])
+        if self._gt_losses is not None:
+            gt_loss = self._gt_losses[batch].mean(dtype=np.float64)
+            record("gt_reward_loss", float(gt_loss))
+        record("grad_norm", result.grad_norm)
+        record("pairs_per_second", result.n_items / result.seconds)
+        record("minibatches_per_step", result.n_minibatches)
+        record("peak_memory_mib", result.peak_memory_bytes / 2**20)
+        record("forward_size", plan.forward_size)
+        record("two_pass", float(result.two_pass))
+        record("chunk_transitions", plan.largest_chunk)
+        profile = self.memory_profile
+        if self.memory_budget is not None and profile and plan.largest_chunk:
+            estimate = profile.chunk_bytes(plan.largest_chunk, plan.forward_size)
+            record("memory_estimate_mib", estimate / 2**20)
+        if result.loss_scale is not None:
+            record("amp_loss_scale", result.loss_scale)
+            record("amp_skipped_steps", self.engine.n_skipped_steps)
+        return result
 
     def evaluate(self, dataset: data_th.Dataset) -> EvaluationResult:
         """Loss and accuracy of the reward net on ``dataset``, without training.
 
         Evaluation mode: norm statistics frozen, dropout off. In a process group
-        each rank computes its share and the figures are those of the whole
-        dataset; every rank must call this.
+        the figures are those of the whole dataset; every rank must call this.
 
         Args:
             dataset: Preferences to evaluate on (a ``PreferenceDataset`` or a
@@ -592,7 +553,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         self._check_settings()
         self._task.refresh_device()
         self.step_policy = self._step_policy(table)
-        return self._evaluate(table, np.arange(len(table)))
+        return self._run(table, np.arange(len(table)), evaluation=True)
 
     def _update_regularizer(
         self,
@@ -601,7 +562,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         train_loss: float,
     ) -> None:
         assert self.regularizer is not None
-        val = self._evaluate(table, val_idx)
+        val = self._run(table, val_idx, evaluation=True)
         if not (np.isfinite(val.loss) and np.isfinite(train_loss)):
             raise FloatingPointError(
                 f"non-finite loss for the lambda updater (train {train_loss}, "
@@ -613,26 +574,13 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         self.regularizer.update_params(train_loss, val.loss)
 
 
-# Which pairs form each batch.
-
-
 def _epoch_batches(
     rng: np.random.Generator,
     indices: np.ndarray,
     batch_size: int,
-    drop_last: bool = False,
+    drop_last: bool,
 ) -> List[np.ndarray]:
-    """One epoch's batches over ``indices``, freshly shuffled.
-
-    Args:
-        rng: Source of the permutation.
-        indices: Dataset indices to draw from.
-        batch_size: Items per batch.
-        drop_last: Whether to drop the last batch if it is partial.
-
-    Returns:
-        Index arrays, one per batch.
-    """
+    """One epoch's batches over ``indices``, freshly shuffled."""
     order = rng.permutation(indices)
     batches = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
     if drop_last and batches and len(batches[-1]) < batch_size:
@@ -641,11 +589,6 @@ def _epoch_batches(
 
 
 def _n_batches(n_items: int, batch_size: int, drop_last: bool) -> int:
-    """Batches per epoch over ``n_items``.
-
-    Raises:
-        ValueError: if ``drop_last`` leaves no batch.
-    """
     steps = n_items // batch_size
     if not drop_last and n_items % batch_size:
         steps += 1
@@ -661,22 +604,8 @@ def _split_validation(
     rng: np.random.Generator,
     n_items: int,
     val_fraction: float,
-) -> "tuple[np.ndarray, np.ndarray]":
-    """Splits ``range(n_items)`` into training and validation indices.
-
-    The validation share is ``int(n_items * val_fraction)``, as in imitation.
-
-    Args:
-        rng: Source of the split.
-        n_items: Items in the dataset.
-        val_fraction: Fraction held out for validation.
-
-    Returns:
-        ``(train_indices, val_indices)``.
-
-    Raises:
-        ValueError: if either part would be empty.
-    """
+) -> Tuple[np.ndarray, np.ndarray]:
+    """``(train_indices, val_indices)``: ``int(n_items * val_fraction)`` held out."""
     n_val = int(n_items * val_fraction)
     if n_val < 1 or n_items - n_val < 1:
         # imitation's message first: code that matches on it keeps working.
@@ -691,72 +620,12 @@ def _split_validation(
     return np.sort(order[n_val:]), np.sort(order[:n_val])
 
 
-# What a step logs.
-
-
-def _record_step(
-    logger: imit_logger.HierarchicalLogger,
-    result: StepResult,
-    plan: StepPlan,
-    *,
-    gt_loss: Optional[float],
-    profile: Optional[probe.ActivationProfile],
-    skipped_steps: int,
-    exclude: Optional[Tuple[str, ...]] = None,
-) -> None:
-    """Records one step's figures (under the caller's key prefix).
-
-    Args:
-        logger: Where to record.
-        result: The step's full-batch figures.
-        plan: The plan the step ran.
-        gt_loss: The batch's mean ground-truth loss, if the data has rewards.
-        profile: The memory probe's profile, if a budget was given.
-        skipped_steps: float16 steps skipped for overflow so far.
-        exclude: Output formats to leave the figures out of (``("stdout",
-            "log")``: files and TensorBoard only).
-    """
-
-    def record(key: str, value: float) -> None:
-        logger.record(key, value, exclude)
-
-    record("loss", result.loss)
-    record("accuracy", result.metrics["accuracy"])
-    if gt_loss is not None:
-        record("gt_reward_loss", gt_loss)
-    record("grad_norm", result.grad_norm)
-    record("pairs_per_second", result.n_items / result.seconds)
-    record("minibatches_per_step", result.n_minibatches)
-    record("peak_memory_mib", result.peak_memory_bytes / 2**20)
-    record("forward_size", plan.forward_size)
-    record("two_pass", float(result.two_pass))
-    record("chunk_transitions", plan.largest_chunk)
-    if profile is not None and plan.largest_chunk:
-        estimate = profile.chunk_bytes(plan.largest_chunk, plan.forward_size)
-        record("memory_estimate_mib", estimate / 2**20)
-    if result.loss_scale is not None:
-        record("amp_loss_scale", result.loss_scale)
-        record("amp_skipped_steps", skipped_steps)
-
-
-def _mean_of(values: Optional[np.ndarray], batch: np.ndarray) -> Optional[float]:
-    """The mean of per-pair ``values`` over ``batch``, or ``None`` without values."""
-    if values is None:
-        return None
-    return float(values[batch].mean(dtype=np.float64))
-
-
 def _record_final_values(
     logger: imit_logger.HierarchicalLogger, epoch_num: int
 ) -> None:
     """Records the last epoch's means again under ``reward/final/``.
 
-    Same keys as imitation's ``BasicRewardTrainer._train``, which has no hook
-    for this.
-
-    Args:
-        logger: The trainer's logger, inside its ``accumulate_means``.
-        epoch_num: The last epoch.
+    imitation's ``BasicRewardTrainer._train`` does so, with no hook for it.
     """
     outer_prefix = logger.get_accumulate_prefixes()
     base_path = f"{outer_prefix}reward/"
@@ -768,40 +637,9 @@ def _record_final_values(
 
 
 def _postfix(result: StepResult) -> Mapping[str, str]:
-    """The progress bar's figures of a step."""
     return {
         "loss": f"{result.loss:.4f}",
         "acc": f"{result.metrics['accuracy']:.3f}",
         "pairs/s": f"{result.n_items / result.seconds:.1f}",
         "peak": f"{result.peak_memory_bytes / 2**20:.0f}MiB",
     }
-
-
-def _epoch_line(
-    epoch_num: int,
-    epochs: int,
-    loss_sum: float,
-    accuracy_sum: float,
-    n_items: int,
-    seconds: float,
-) -> str:
-    """One compact line of an epoch's training figures (item-weighted means).
-
-    Args:
-        epoch_num: The epoch, counted from 0.
-        epochs: Epochs in this call of ``train``.
-        loss_sum: Sum over the epoch's steps of loss times pairs.
-        accuracy_sum: Sum over the epoch's steps of accuracy times pairs.
-        n_items: Pairs trained on in the epoch.
-        seconds: The epoch's steps' time.
-
-    Returns:
-        Such as ``reward model epoch 3/200: loss 0.6931, accuracy 0.500, 812
-        pairs/s``.
-    """
-    rate = n_items / seconds if seconds > 0 else float("inf")
-    return (
-        f"reward model epoch {epoch_num + 1}/{epochs}: loss "
-        f"{loss_sum / n_items:.4f}, accuracy {accuracy_sum / n_items:.3f}, "
-        f"{rate:.0f} pairs/s"
-    )
