@@ -127,13 +127,9 @@ def known_names(
     accepted: Iterable[str],
     target: str,
 ) -> None:
-    """Checks that every name in ``given`` is one ``target`` accepts.
+    """Checks that every name in ``given`` is one of ``accepted``, ``target``'s.
 
-    Args:
-        key: Where ``given`` comes from (a config key such as ``regularizer``).
-        given: The names given, with their values.
-        accepted: The names ``target`` accepts.
-        target: What receives them, for the message.
+    ``key`` is where ``given`` comes from (a config key such as ``regularizer``).
 
     Raises:
         ValueError: naming the first unknown ``key.name``, with near matches.

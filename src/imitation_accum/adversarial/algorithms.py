@@ -35,13 +35,10 @@ class AIRL(AccumulatingAdversarialTrainer, imitation_airl.AIRL):
 class GAIL(AccumulatingAdversarialTrainer, imitation_gail.GAIL):
     """Drop-in for imitation's GAIL, with an exact minibatched discriminator update.
 
-    imitation's arguments and defaults, plus those of
-    :class:`~imitation_accum.adversarial.trainers.AccumulatingAdversarialTrainer`.
-    The generator policy's log-probabilities, which GAIL does not read, are not
-    computed (imitation 1.0.1 computes and discards them).
+    As :class:`AIRL`; the generator policy's log-probabilities, which GAIL does not
+    read, are not computed (imitation 1.0.1 computes and discards them).
 
     Example:
-        >>> from imitation_accum import GAIL  # doctest: +SKIP
         >>> trainer = GAIL(  # doctest: +SKIP
         ...     demonstrations=transitions,
         ...     demo_batch_size=1024,
@@ -50,7 +47,6 @@ class GAIL(AccumulatingAdversarialTrainer, imitation_gail.GAIL):
         ...     gen_algo=PPO("CnnPolicy", venv),
         ...     reward_net=CnnRewardNet(venv.observation_space, venv.action_space),
         ... )
-        >>> trainer.train(100_000)  # doctest: +SKIP
     """
 
     _uses_policy_log_probs = False

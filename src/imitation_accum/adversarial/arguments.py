@@ -104,7 +104,7 @@ def resolve_minibatch_size(
         prefix: Prepended to each name in messages (``algorithm_kwargs.``).
 
     Returns:
-        The minibatch size, or ``None`` for the whole batch.
+        The minibatch size, or ``None`` (not given) for the whole batch.
 
     Raises:
         ValueError: if a given size is not a positive int, exceeds
@@ -145,18 +145,11 @@ def check_max_grad_norm(value: object, prefix: str = "") -> Optional[float]:
 
 
 def policy_observations(obs: th.Tensor, space: gym.Space) -> th.Tensor:
-    """Observations in the layout the generator policy reads.
+    """``obs`` (environment layout), channels-first if the policy's ``space`` is.
 
     SB3 wraps a CNN policy's environment in ``VecTransposeImage``: the policy reads
     (channels, height, width) frames, the environment, replay buffer and
     demonstrations hold (height, width, channels) frames.
-
-    Args:
-        obs: A batch of observations in the environment's layout.
-        space: The policy's observation space.
-
-    Returns:
-        ``obs``, transposed to channels-first if the policy expects that.
 
     Raises:
         ValueError: if the observations fit the policy in neither layout.

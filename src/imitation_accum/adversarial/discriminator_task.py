@@ -19,10 +19,7 @@ from imitation_accum.engine.accumulator import ChunkLoss
 from imitation_accum.nets import input_preparation
 
 #: ``logits_expert_is_high(state, action, next_state, done, log_policy_act_prob)``.
-LogitsFn = Callable[
-    [th.Tensor, th.Tensor, th.Tensor, th.Tensor, Optional[th.Tensor]],
-    th.Tensor,
-]
+LogitsFn = Callable[..., th.Tensor]
 
 #: Fields of a transition the discriminator reads.
 FIELDS = ("obs", "acts", "next_obs", "dones")
@@ -93,7 +90,7 @@ def step_arrays(
         )
     for name, fields in zip(names, arrays):
         for key in ("obs", "next_obs"):
-            fields[key] = in_env_layout(fields[key], obs_shape)
+            fields[key] = _in_env_layout(fields[key], obs_shape)
             if tuple(fields[key].shape[1:]) != tuple(obs_shape):
                 raise ValueError(
                     f"{name}[{key!r}] has observations of shape "
@@ -104,20 +101,10 @@ def step_arrays(
     return arrays[0], arrays[1]
 
 
-def in_env_layout(obs: np.ndarray, obs_shape: Tuple[int, ...]) -> np.ndarray:
-    """Frames brought to the environment's channel layout, as a view.
-
-    Frames recorded behind SB3's ``VecTransposeImage`` are channels-first, while
-    gymnasium's image environments and the generator replay buffer are
-    channels-last.
-
-    Args:
-        obs: A batch of observations.
-        obs_shape: The environment's observation shape.
-
-    Returns:
-        ``obs``, with its channels moved if that makes it fit ``obs_shape``.
-    """
+def _in_env_layout(obs: np.ndarray, obs_shape: Tuple[int, ...]) -> np.ndarray:
+    # Frames moved (as a view) to the environment's channel layout if that makes
+    # them fit: frames recorded behind SB3's VecTransposeImage are channels-first,
+    # gymnasium's image environments and the generator replay buffer channels-last.
     if tuple(obs.shape[1:]) == tuple(obs_shape) or obs.ndim != 4:
         return obs
     for axes in ((0, 2, 3, 1), (0, 3, 1, 2)):
@@ -159,8 +146,7 @@ class DiscriminatorChunk:
 class DiscriminatorTask:
     """Chunks of a discriminator step, their forward and their loss.
 
-    Each chunk's loss returns its detached logits (``item_outputs``), from which
-    the trainer computes imitation's statistics once per step.
+    A chunk's loss returns its detached logits (``item_outputs``) as well.
 
     Args:
         logits_fn: The trainer's ``logits_expert_is_high``.

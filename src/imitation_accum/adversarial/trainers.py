@@ -119,8 +119,6 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             )
         )
         """The accumulation engine stepping the discriminator."""
-        self._budget_cap: Optional[int] = None
-        self._backed_off_cap: Optional[int] = None
         self.step_policy: Optional[StepPolicy] = None
         """The step policy the last discriminator step ran with."""
         self.memory_profile: Optional[probe.ActivationProfile] = None
@@ -140,17 +138,6 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
     @max_grad_norm.setter
     def max_grad_norm(self, value: Optional[float]) -> None:
         self.engine.max_grad_norm = check_max_grad_norm(value)
-
-    def _step_policy(self) -> StepPolicy:
-        # Items are rows of an expert and a generator transition: one call a chunk.
-        caps = [c for c in (self._budget_cap, self._backed_off_cap) if c is not None]
-        return StepPolicy(
-            minibatch_size=self.demo_minibatch_size,
-            chunk_cap=min(caps) if caps else None,
-            forward_size=None,
-            two_pass=False,
-            unit=_ROW,
-        )
 
     def _fit_budget(
         self,
@@ -174,7 +161,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             return task.forward(chunk, stop - start)
 
         frame_bytes = 4 * int(np.prod(self.venv.observation_space.shape or ()))
-        self.memory_profile = probe.profile_calls(
+        profile = probe.profile_calls(
             call,
             min(4, self.demo_batch_size),
             measuring=lambda ckpt: self.engine.measuring(checkpointing=ckpt),
@@ -187,15 +174,16 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         )
         cap, in_bytes = probe.fit_budget(
             self.memory_budget,
-            self.memory_profile,
+            profile,
             device=task.device,
             resident_bytes=budget.resident_training_bytes(self._disc_opt),
             largest_batch=self.demo_batch_size,
             unit=_ROW,
         )
+        self.memory_profile = profile
         message = probe.budget_message(
             in_bytes,
-            self.memory_profile,
+            profile,
             cap=cap,
             item=1,
             largest_batch=self.demo_batch_size,
@@ -295,9 +283,20 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             write_summaries = self._init_tensorboard and self._global_step % 20 == 0
             expert, generated = self._disc_samples(expert_samples, gen_samples)
             task = self._disc_task()
-            if self.memory_budget is not None and self._budget_cap is None:
-                self._budget_cap = self._fit_budget(task, expert, generated)
-            policy = self._step_policy()
+            # A cap found by the budget's probe or an out-of-memory back-off holds
+            # for later steps too.
+            cap = None if self.step_policy is None else self.step_policy.chunk_cap
+            if self.memory_budget is not None and self.memory_profile is None:
+                fit = self._fit_budget(task, expert, generated)
+                cap = fit if cap is None else min(cap, fit)
+            # Items are rows of an expert and a generator transition.
+            policy = StepPolicy(
+                minibatch_size=self.demo_minibatch_size,
+                chunk_cap=cap,
+                forward_size=None,
+                two_pass=False,
+                unit=_ROW,
+            )
 
             def step(plan: StepPlan) -> Tuple[StepResult, th.Tensor]:
                 chunks = task.chunks(expert, generated, plan.item_chunks)
@@ -310,16 +309,13 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
                 # Labels in the order of the logits: the chunks' own.
                 return result, th.cat([chunk.labels for chunk in chunks])
 
-            ran, _, (result, labels) = run_step(
+            self.step_policy, _, (result, labels) = run_step(
                 np.ones(self.demo_batch_size, dtype=np.int64),
                 step,
                 policy,
                 device=self.reward_train.device,
                 log=self.logger.log,
             )
-            if ran.chunk_cap != policy.chunk_cap:
-                self._backed_off_cap = ran.chunk_cap  # for later steps too
-            self.step_policy = ran
             self._disc_step += 1
             self.last_disc_result = result
             assert result.item_outputs is not None  # the task returns its logits
