@@ -196,12 +196,6 @@ def reporting_failures(context: DistributedContext) -> Iterator[None]:
     out also names the ranks that did not reach it. In a single process errors
     pass through unchanged.
 
-    Args:
-        context: This process's context.
-
-    Yields:
-        None.
-
     Raises:
         RankFailedError: from any exception of the block, in a distributed run.
     """
@@ -234,12 +228,8 @@ def distributed_session(
     """:func:`init_distributed`, :func:`reporting_failures`, then a clean exit.
 
     The group is left only after a successful block: after a failure another rank
-    may still wait in a collective, and tearing NCCL down under it can hang.
-
-    Args:
-        device: See :func:`resolve_device`.
-        backend: Force a backend.
-        timeout_s: See :func:`init_distributed`.
+    may still wait in a collective, and tearing NCCL down under it can hang. The
+    arguments are :func:`init_distributed`'s.
 
     Yields:
         This process's context.
