@@ -188,16 +188,10 @@ class DiscriminatorTask:
         generated: Mapping[str, np.ndarray],
         rows: Sequence[slice],
     ) -> List[DiscriminatorChunk]:
-        """Stages the transitions chunk by chunk (one host copy) and cuts them.
+        """One chunk per entry of ``rows``, staged in that order (one host copy).
 
-        Args:
-            expert: Expert transitions, per field.
-            generated: As many generator transitions, per field.
-            rows: The rows of each chunk (in both sample sets), covering them in
-                order.
-
-        Returns:
-            One chunk per entry of ``rows``.
+        ``rows`` are the rows of each chunk in both the ``expert`` and the
+        ``generated`` transitions (per field), covering them in order.
         """
         fields = {}
         for key in self.keys:

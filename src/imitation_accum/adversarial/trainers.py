@@ -43,8 +43,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         demo_batch_size: Expert transitions per discriminator step.
         venv: The vectorized environment.
         gen_algo: The generator (AIRL: a stochastic SB3 policy, such as PPO's).
-        reward_net: The reward net of the discriminator (AIRL: usually shaped;
-            GAIL: the discriminator's logits net).
+        reward_net: The discriminator's reward net (AIRL: usually shaped).
         demo_minibatch_size: Expert (and as many generator) transitions per
             forward/backward, any value in ``[1, demo_batch_size]``; ``None``
             means the whole batch. Every size gives the full-batch update.
@@ -256,8 +255,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
     ) -> Mapping[str, float]:
         """Performs one discriminator update over one batch, in minibatches.
 
-        The update equals one step on the whole batch; the returned and logged
-        statistics describe the whole batch (same keys as imitation's).
+        The update equals one step on the whole batch.
 
         Args:
             expert_samples: Expert transitions (``obs``, ``acts``, ``next_obs``,
@@ -267,7 +265,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
                 default drawn from the generator replay buffer.
 
         Returns:
-            Statistics of the discriminator on the batch (loss, accuracy, ...).
+            imitation's statistics (loss, accuracy, ...), of the whole batch.
 
         Raises:
             ValueError: if the samples do not hold ``demo_batch_size`` transitions

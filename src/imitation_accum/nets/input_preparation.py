@@ -89,6 +89,10 @@ class InputPreparer:
     ) -> None:
         self.net = net
         self._stock_net = _stock_preprocess_owner(net)
+        self.uses_stock_preprocess = self._stock_net is not None
+        """Whether the net runs imitation's stock ``RewardNet.preprocess``, which
+        converts each transition on its own (a slice's conversion is the
+        conversion's slice); a net's own ``preprocess`` promises no such thing."""
         self.reads_next_state = self._stock_net is None or reads_next_state(
             net if forward_net is None else forward_net,
         )
@@ -96,16 +100,6 @@ class InputPreparer:
             normalize = self._stock_net.normalize_images
             self._convert_obs = _converter(self._stock_net.observation_space, normalize)
             self._convert_acts = _converter(self._stock_net.action_space, normalize)
-
-    @property
-    def uses_stock_preprocess(self) -> bool:
-        """Whether the net runs imitation's stock ``RewardNet.preprocess``.
-
-        That conversion treats each transition on its own, so converting a slice
-        of transitions equals slicing their conversion; a net's own
-        ``preprocess`` promises no such thing.
-        """
-        return self._stock_net is not None
 
     def __call__(
         self,
