@@ -1,124 +1,40 @@
 """Argument checks shared by the trainers: clear errors before any training."""
 
 import difflib
-from typing import Iterable, Mapping, Optional, Union
+from typing import Any, Iterable, Mapping, Optional, TypeGuard, Union
 
 import numpy as np
 
 
+def _is_int(value: object) -> TypeGuard[Union[int, np.integer[Any]]]:
+    return isinstance(value, (int, np.integer)) and not isinstance(
+        value, (bool, np.bool_)
+    )
+
+
 def positive_int(name: str, value: object) -> int:
-    """Returns ``value`` if it is a positive int.
-
-    Args:
-        name: The argument's name, used in the error message.
-        value: The value to check.
-
-    Returns:
-        ``value`` as an ``int``.
+    """Returns ``value`` as an ``int`` if it is a positive int (not a bool).
 
     Raises:
-        ValueError: if ``value`` is not a positive int (bools are rejected too).
+        ValueError: naming ``name`` otherwise.
     """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be a positive int, got {value!r}.")
-    if value < 1:
+    if not _is_int(value) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}.")
     return int(value)
 
 
 def optional_positive_int(name: str, value: object) -> Optional[int]:
-    """Like :func:`positive_int`, but lets ``None`` through.
-
-    Args:
-        name: The argument's name, used in the error message.
-        value: The value to check.
-
-    Returns:
-        ``None`` or ``value`` as an ``int``.
-    """
+    """Like :func:`positive_int`, but lets ``None`` through."""
     return None if value is None else positive_int(name, value)
 
 
-def minibatch_within_batch(
-    minibatch_name: str,
-    minibatch_size: Optional[int],
-    batch_name: str,
-    batch_size: int,
-) -> None:
-    """Checks that a minibatch is no larger than its batch.
-
-    Args:
-        minibatch_name: The minibatch argument's name.
-        minibatch_size: Its value (``None`` means the whole batch).
-        batch_name: The batch argument's name.
-        batch_size: Its value.
-
-    Raises:
-        ValueError: if ``minibatch_size > batch_size``.
-    """
-    if minibatch_size is not None and minibatch_size > batch_size:
-        raise ValueError(
-            f"{minibatch_name}={minibatch_size} must not exceed "
-            f"{batch_name}={batch_size}.",
-        )
-
-
-def finite_float(name: str, value: object, *, allow_zero: bool = False) -> float:
-    """Returns ``value`` as a float if it is finite and positive (or zero).
-
-    Args:
-        name: The argument's name, used in the error message.
-        value: The value to check.
-        allow_zero: Whether 0 is accepted.
-
-    Returns:
-        ``value`` as a ``float``.
-
-    Raises:
-        ValueError: if ``value`` is not a finite number above 0 (or at least 0).
-    """
-    kind = "a finite number >= 0" if allow_zero else "a positive finite number"
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
-        raise ValueError(f"{name} must be {kind}, got {value!r}.")
-    if not np.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be {kind}, got {value!r}.")
-    return float(value)
-
-
-def positive_finite_float(name: str, value: object) -> float:
-    """:func:`finite_float` without zero."""
-    return finite_float(name, value)
-
-
-def forward_size_arg(value: object, name: str = "forward_size") -> Union[int, str]:
-    """Checks the ``forward_size`` argument: a positive int or ``"auto"``.
-
-    Args:
-        value: The value to check.
-        name: The argument's name, used in the error message.
-
-    Returns:
-        The value.
-
-    Raises:
-        ValueError: if the value is neither a positive int nor ``"auto"``.
-    """
-    if value == "auto":
-        return "auto"
-    if isinstance(value, str):
-        raise ValueError(f"{name} must be a positive int or 'auto', got {value!r}.")
-    return positive_int(name, value)
-
-
 def non_negative_int(name: str, value: object) -> int:
-    """Returns ``value`` if it is an int of at least 0 (such as a seed).
+    """Returns ``value`` as an ``int`` if it is an int of at least 0 (a seed).
 
     Raises:
         ValueError: naming ``name`` otherwise (bools are rejected too).
     """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}.")
-    if value < 0:
+    if not _is_int(value) or value < 0:
         raise ValueError(f"{name} must be an int >= 0, got {value!r}.")
     return int(value)
 
@@ -134,19 +50,75 @@ def positive_count(name: str, value: object) -> int:
     return positive_int(name, value)
 
 
+def minibatch_within_batch(
+    minibatch_name: str,
+    minibatch_size: Optional[int],
+    batch_name: str,
+    batch_size: int,
+) -> None:
+    """Checks that a minibatch (``None``: the whole batch) is no larger than its batch.
+
+    Raises:
+        ValueError: naming both arguments if ``minibatch_size > batch_size``.
+    """
+    if minibatch_size is not None and minibatch_size > batch_size:
+        raise ValueError(
+            f"{minibatch_name}={minibatch_size} must not exceed "
+            f"{batch_name}={batch_size}.",
+        )
+
+
+def finite_float(name: str, value: object, *, allow_zero: bool = False) -> float:
+    """Returns ``value`` as a float if it is finite and positive (or zero).
+
+    Raises:
+        ValueError: naming ``name`` if ``value`` is not a finite number above 0
+            (or at least 0, with ``allow_zero``).
+    """
+    kind = "a finite number >= 0" if allow_zero else "a positive finite number"
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float, np.number))
+        or not np.isfinite(value)
+        or value < 0
+        or (value == 0 and not allow_zero)
+    ):
+        raise ValueError(f"{name} must be {kind}, got {value!r}.")
+    return float(value)
+
+
+def positive_finite_float(name: str, value: object) -> float:
+    """:func:`finite_float` without zero."""
+    return finite_float(name, value)
+
+
 def probability(name: str, value: object) -> float:
     """Returns ``value`` as a float if it is a finite number in [0, 1].
 
     Raises:
         ValueError: naming ``name`` otherwise.
     """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(
-        value, (int, float, np.number)
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, (int, float, np.number))
+        or not np.isfinite(value)
+        or not 0 <= value <= 1
     ):
         raise ValueError(f"{name} must be a number in [0, 1], got {value!r}.")
-    if not np.isfinite(value) or not 0 <= value <= 1:
-        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}.")
     return float(value)
+
+
+def forward_size_arg(value: object, name: str = "forward_size") -> Union[int, str]:
+    """Checks a ``forward_size``: a positive int or ``"auto"``.
+
+    Raises:
+        ValueError: naming ``name`` otherwise.
+    """
+    if value == "auto":
+        return "auto"
+    if isinstance(value, str):
+        raise ValueError(f"{name} must be a positive int or 'auto', got {value!r}.")
+    return positive_int(name, value)
 
 
 def known_names(
@@ -155,13 +127,9 @@ def known_names(
     accepted: Iterable[str],
     target: str,
 ) -> None:
-    """Checks that every name in ``given`` is one ``target`` accepts.
+    """Checks that every name in ``given`` is one of ``accepted``, ``target``'s.
 
-    Args:
-        key: Where ``given`` comes from (a config key such as ``regularizer``).
-        given: The names given, with their values.
-        accepted: The names ``target`` accepts.
-        target: What receives them, for the message.
+    ``key`` is where ``given`` comes from (a config key such as ``regularizer``).
 
     Raises:
         ValueError: naming the first unknown ``key.name``, with near matches.

@@ -9,14 +9,10 @@ from imitation_accum.adversarial.trainers import AccumulatingAdversarialTrainer
 class AIRL(AccumulatingAdversarialTrainer, imitation_airl.AIRL):
     """Drop-in for imitation's AIRL, with an exact minibatched discriminator update.
 
-    A drop-in for imitation's ``AIRL``: the same arguments and defaults, plus
-    ``minibatch_size`` (alias), ``max_grad_norm`` and ``memory_budget``, and
-    ``demo_minibatch_size`` of any size. The generator policy's log-probabilities are
-    computed without gradient and in evaluation mode. For image observations use a
-    CNN reward net such as :class:`imitation_accum.reward_nets.CnnShapedRewardNet`.
-
-    Arguments and errors: see
+    imitation's arguments and defaults, plus those of
     :class:`~imitation_accum.adversarial.trainers.AccumulatingAdversarialTrainer`.
+    For image observations use a CNN reward net such as
+    :class:`imitation_accum.reward_nets.CnnShapedRewardNet`.
 
     Example:
         >>> from imitation_accum import AIRL  # doctest: +SKIP
@@ -39,17 +35,10 @@ class AIRL(AccumulatingAdversarialTrainer, imitation_airl.AIRL):
 class GAIL(AccumulatingAdversarialTrainer, imitation_gail.GAIL):
     """Drop-in for imitation's GAIL, with an exact minibatched discriminator update.
 
-    A drop-in for imitation's ``GAIL``: the same arguments and defaults, plus
-    ``minibatch_size`` (alias), ``max_grad_norm`` and ``memory_budget``, and
-    ``demo_minibatch_size`` of any size. GAIL's discriminator does not read the
-    generator policy, so its log-probabilities are not computed (imitation 1.0.1
-    computes and discards them, a wasted policy forward per minibatch).
-
-    Arguments and errors: see
-    :class:`~imitation_accum.adversarial.trainers.AccumulatingAdversarialTrainer`.
+    As :class:`AIRL`; the generator policy's log-probabilities, which GAIL does not
+    read, are not computed (imitation 1.0.1 computes and discards them).
 
     Example:
-        >>> from imitation_accum import GAIL  # doctest: +SKIP
         >>> trainer = GAIL(  # doctest: +SKIP
         ...     demonstrations=transitions,
         ...     demo_batch_size=1024,
@@ -58,7 +47,6 @@ class GAIL(AccumulatingAdversarialTrainer, imitation_gail.GAIL):
         ...     gen_algo=PPO("CnnPolicy", venv),
         ...     reward_net=CnnRewardNet(venv.observation_space, venv.action_space),
         ... )
-        >>> trainer.train(100_000)  # doctest: +SKIP
     """
 
     _uses_policy_log_probs = False

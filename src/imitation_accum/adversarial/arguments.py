@@ -1,9 +1,8 @@
 """What an adversarial trainer is given: its arguments' checks, observation layouts.
 
-Each argument of AIRL/GAIL this package checks has one function here, and
-:func:`check_arguments` runs them all: the constructors call it on their
-arguments and the sacred config hook on ``algorithm_kwargs``, so a bad value gets
-the same message either way, naming the argument (or ``algorithm_kwargs.<key>``).
+:func:`check_arguments` is the one spec of AIRL/GAIL's argument checks: the
+constructors call it on their arguments and the sacred config hook on
+``algorithm_kwargs``, so a bad value gets the same message either way.
 """
 
 import dataclasses
@@ -48,7 +47,9 @@ def check_arguments(
         ValueError: naming the first invalid argument, or the minibatch size and
             the memory budget given together.
     """
-    batch_size = check_demo_batch_size(kwargs.get("demo_batch_size"), prefix)
+    batch_size = _validation.positive_int(
+        f"{prefix}demo_batch_size", kwargs.get("demo_batch_size")
+    )
     minibatch_size = resolve_minibatch_size(
         kwargs.get("demo_minibatch_size"),
         kwargs.get("minibatch_size"),
@@ -56,14 +57,29 @@ def check_arguments(
         prefix,
     )
     clip = check_max_grad_norm(kwargs.get("max_grad_norm"), prefix)
-    parsed_budget = check_memory_budget(
-        kwargs.get("memory_budget"), minibatch_size, prefix
+    memory_budget = kwargs.get("memory_budget")
+    parsed_budget = budget.parse_budget(memory_budget, f"{prefix}memory_budget")
+    if parsed_budget is not None and minibatch_size is not None:
+        raise ValueError(
+            f"{prefix}demo_minibatch_size (or minibatch_size)={minibatch_size!r} and "
+            f"{prefix}memory_budget={memory_budget!r} are alternatives: give one of "
+            "them",
+        )
+    options = acceleration_options.Acceleration.parse(
+        kwargs.get("acceleration"), f"{prefix}acceleration"
     )
-    options = check_acceleration(kwargs.get("acceleration"), prefix)
     # imitation's defaults (2, None, None) pass these checks.
-    check_n_disc_updates_per_round(kwargs.get("n_disc_updates_per_round", 2), prefix)
-    check_gen_train_timesteps(kwargs.get("gen_train_timesteps"), prefix)
-    check_disc_opt_kwargs(kwargs.get("disc_opt_kwargs"), prefix)
+    _validation.positive_int(
+        f"{prefix}n_disc_updates_per_round",
+        kwargs.get("n_disc_updates_per_round", 2),
+    )
+    if kwargs.get("gen_train_timesteps") is not None:
+        _validation.positive_count(
+            f"{prefix}gen_train_timesteps", kwargs["gen_train_timesteps"]
+        )
+    opt_kwargs = kwargs.get("disc_opt_kwargs")
+    if opt_kwargs is not None and not isinstance(opt_kwargs, Mapping):
+        raise ValueError(f"{prefix}disc_opt_kwargs must be None or a dict")
     return DiscriminatorArguments(
         demo_batch_size=batch_size,
         demo_minibatch_size=minibatch_size,
@@ -71,15 +87,6 @@ def check_arguments(
         memory_budget=parsed_budget,
         acceleration=options,
     )
-
-
-def check_demo_batch_size(value: object, prefix: str = "") -> int:
-    """Checks ``demo_batch_size``: a positive int.
-
-    Raises:
-        ValueError: naming ``prefix + "demo_batch_size"`` otherwise.
-    """
-    return _validation.positive_int(f"{prefix}demo_batch_size", value)
 
 
 def resolve_minibatch_size(
@@ -97,7 +104,7 @@ def resolve_minibatch_size(
         prefix: Prepended to each name in messages (``algorithm_kwargs.``).
 
     Returns:
-        The minibatch size, or ``None`` for the whole batch.
+        The minibatch size, or ``None`` (not given) for the whole batch.
 
     Raises:
         ValueError: if a given size is not a positive int, exceeds
@@ -137,89 +144,12 @@ def check_max_grad_norm(value: object, prefix: str = "") -> Optional[float]:
     return _validation.positive_finite_float(f"{prefix}max_grad_norm", value)
 
 
-def check_memory_budget(
-    value: object,
-    minibatch_size: Optional[int],
-    prefix: str = "",
-) -> Optional[budget.Budget]:
-    """Checks ``memory_budget``, an alternative to a minibatch size.
-
-    Args:
-        value: ``None``, bytes, a size such as ``"6GiB"``, or ``"auto"``.
-        minibatch_size: The checked minibatch size (see
-            :func:`resolve_minibatch_size`).
-        prefix: Prepended to each name in messages (``algorithm_kwargs.``).
-
-    Returns:
-        The parsed budget, or ``None``.
-
-    Raises:
-        ValueError: if ``value`` does not parse or comes with a minibatch size.
-    """
-    parsed = budget.parse_budget(value, f"{prefix}memory_budget")
-    if parsed is not None and minibatch_size is not None:
-        raise ValueError(
-            f"{prefix}demo_minibatch_size (or minibatch_size)={minibatch_size!r} and "
-            f"{prefix}memory_budget={value!r} are alternatives: give one of them",
-        )
-    return parsed
-
-
-def check_acceleration(
-    value: acceleration_options.AccelerationArg,
-    prefix: str = "",
-) -> acceleration_options.Acceleration:
-    """Checks ``acceleration`` (see ``Acceleration.parse``).
-
-    Raises:
-        ValueError: naming ``prefix + "acceleration.<field>"`` that is invalid.
-    """
-    return acceleration_options.Acceleration.parse(value, f"{prefix}acceleration")
-
-
-def check_n_disc_updates_per_round(value: object, prefix: str = "") -> int:
-    """Checks ``n_disc_updates_per_round``: a positive int.
-
-    Raises:
-        ValueError: naming ``prefix + "n_disc_updates_per_round"`` otherwise.
-    """
-    return _validation.positive_int(f"{prefix}n_disc_updates_per_round", value)
-
-
-def check_gen_train_timesteps(value: object, prefix: str = "") -> Optional[int]:
-    """Checks ``gen_train_timesteps``: ``None`` or a positive whole number.
-
-    Raises:
-        ValueError: naming ``prefix + "gen_train_timesteps"`` otherwise.
-    """
-    if value is None:
-        return None
-    return _validation.positive_count(f"{prefix}gen_train_timesteps", value)
-
-
-def check_disc_opt_kwargs(value: object, prefix: str = "") -> None:
-    """Checks ``disc_opt_kwargs``: ``None`` or a mapping.
-
-    Raises:
-        ValueError: naming ``prefix + "disc_opt_kwargs"`` otherwise.
-    """
-    if value is not None and not isinstance(value, Mapping):
-        raise ValueError(f"{prefix}disc_opt_kwargs must be None or a dict")
-
-
 def policy_observations(obs: th.Tensor, space: gym.Space) -> th.Tensor:
-    """Observations in the layout the generator policy reads.
+    """``obs`` (environment layout), channels-first if the policy's ``space`` is.
 
-    Stable-Baselines3 wraps a CNN policy's environment in ``VecTransposeImage``, so
-    the policy reads (channels, height, width) frames while the environment, the
-    replay buffer and the demonstrations hold (height, width, channels) frames.
-
-    Args:
-        obs: A batch of observations in the environment's layout.
-        space: The policy's observation space.
-
-    Returns:
-        ``obs``, transposed to channels-first if the policy expects that.
+    SB3 wraps a CNN policy's environment in ``VecTransposeImage``: the policy reads
+    (channels, height, width) frames, the environment, replay buffer and
+    demonstrations hold (height, width, channels) frames.
 
     Raises:
         ValueError: if the observations fit the policy in neither layout.

@@ -1,30 +1,13 @@
 """Drop-in AIRL and GAIL whose discriminator accumulates gradients exactly.
 
-:class:`AIRL` and :class:`GAIL` are imitation's trainers (same arguments and
-defaults) with a discriminator update built on the package's accumulation engine:
-one batch of ``demo_batch_size`` expert and as many generator transitions is drawn
-per step and split into minibatches of any size; the update, the
-``RunningNorm``/``EMANorm`` statistics and the logged statistics are those of the
-whole batch. The generator (``train_gen``) is imitation's, unchanged.
-
-Image observations work with a CNN policy: every frame the reward net sees is in
-the layout of the trainer's ``venv`` (``(height, width, channels)`` for gymnasium's
-Atari), as the generator replay buffer stores it; demonstrations in the other
-layout (recorded behind SB3's ``VecTransposeImage``) are brought to it. Only the
-generator policy's log-probabilities (AIRL) see frames transposed to the policy's
-own layout, as Stable-Baselines3 does for its own forward passes.
+Each discriminator step draws ``demo_batch_size`` expert and as many generator
+transitions and splits them into minibatches of any size; the update, the norm
+statistics and the logged statistics are the whole batch's. The generator
+(``train_gen``) is imitation's. Frames the reward net sees are in the ``venv``'s
+layout; demonstrations recorded channels-first are brought to it.
 """
 
-from typing import (
-    Any,
-    ClassVar,
-    Dict,
-    List,
-    Mapping,
-    Optional,
-    Sequence,
-    Tuple,
-)
+from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 import torch as th
@@ -47,6 +30,8 @@ from imitation_accum.engine.accumulator import GradientAccumulator, StepResult
 from imitation_accum.planning import budget, probe
 from imitation_accum.planning.plan import StepPlan, StepPolicy, run_step
 
+_ROW = "row (an expert and a generator transition)"
+
 
 class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
     """imitation's adversarial trainer with an accumulated discriminator update.
@@ -58,37 +43,26 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         demo_batch_size: Expert transitions per discriminator step.
         venv: The vectorized environment.
         gen_algo: The generator (AIRL: a stochastic SB3 policy, such as PPO's).
-        reward_net: The reward net of the discriminator (AIRL: usually shaped;
-            GAIL: the discriminator's logits net).
-        demo_minibatch_size: Expert transitions (and as many generator
-            transitions) per forward/backward, any value in
-            ``[1, demo_batch_size]``, divisible or not; ``None`` means the whole
-            batch. Every size gives the full-batch update.
+        reward_net: The discriminator's reward net (AIRL: usually shaped).
+        demo_minibatch_size: Expert (and as many generator) transitions per
+            forward/backward, any value in ``[1, demo_batch_size]``; ``None``
+            means the whole batch. Every size gives the full-batch update.
         minibatch_size: Alias of ``demo_minibatch_size``.
-        max_grad_norm: Clip the discriminator's gradient norm to this, once per
-            discriminator step.
-        memory_budget: Instead of ``demo_minibatch_size``: bytes, a size such as
-            ``"6GiB"``, or ``"auto"``; minibatches are sized to fit it by a probe of
-            the discriminator on a few transitions at the first discriminator
-            step (logged). On CUDA, a step that runs out of memory anyway is
-            redone with minibatches half as large.
-        acceleration: Accelerator options for the discriminator, all off by
-            default: an :class:`~imitation_accum.engine.acceleration.Acceleration`
-            or a mapping of its fields; see ``docs/gpu.md``.
+        max_grad_norm: Clip the discriminator's gradient norm to this, once a step.
+        memory_budget: Instead of ``demo_minibatch_size``: bytes, ``"6GiB"`` or
+            ``"auto"``; minibatches are sized to fit it by a probe at the first
+            step. On CUDA, a step that runs out of memory anyway is redone with
+            minibatches half as large.
+        acceleration: Accelerator options for the discriminator (see
+            ``docs/gpu.md``): an ``Acceleration`` or a mapping of its fields.
         **kwargs: imitation's further ``AdversarialTrainer`` arguments
-            (``n_disc_updates_per_round``, ``disc_opt_cls``, ``disc_opt_kwargs``,
-            ``custom_logger``, ...), with imitation's defaults.
+            (``n_disc_updates_per_round``, ``disc_opt_cls``, ...).
 
     Raises:
-        ValueError: if a minibatch size is not a positive int or exceeds
-            ``demo_batch_size``, the alias disagrees, ``max_grad_norm`` is not a
-            positive number, ``memory_budget`` does not parse, is smaller than
-            the discriminator's parameters, gradients and optimizer state, or is
-            given with a minibatch size, ``n_disc_updates_per_round`` or
-            ``gen_train_timesteps`` is not a positive count,
-            ``disc_opt_kwargs`` is not a mapping, or the reward net holds a
-            batch-norm layer (which cannot be accumulated exactly); see
-            :func:`~imitation_accum.adversarial.arguments.check_arguments`.
+        ValueError: naming an invalid argument (see
+            :func:`~imitation_accum.adversarial.arguments.check_arguments`), a
+            ``memory_budget`` smaller than the discriminator's training state, or
+            a batch-norm layer in the reward net (not accumulable exactly).
     """
 
     #: Whether the discriminator reads the generator policy's log-probabilities.
@@ -138,13 +112,12 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         self.demo_minibatch_size = checked.demo_minibatch_size or batch_size
         self.memory_budget = checked.memory_budget
         self.last_disc_result: Optional[StepResult] = None
-        self._engine: GradientAccumulator[discriminator_task.DiscriminatorChunk] = (
+        self.engine: GradientAccumulator[discriminator_task.DiscriminatorChunk] = (
             GradientAccumulator(
                 self._reward_net, self._disc_opt, max_grad_norm=checked.max_grad_norm
             )
         )
-        self._budget_cap: Optional[int] = None
-        self._backed_off_cap: Optional[int] = None
+        """The accumulation engine stepping the discriminator."""
         self.step_policy: Optional[StepPolicy] = None
         """The step policy the last discriminator step ran with."""
         self.memory_profile: Optional[probe.ActivationProfile] = None
@@ -157,35 +130,13 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         budget.check_fits_device(self.memory_budget, self._reward_net.device)
 
     @property
-    def engine(
-        self,
-    ) -> GradientAccumulator[discriminator_task.DiscriminatorChunk]:
-        """The accumulation engine stepping the discriminator."""
-        return self._engine
-
-    @property
     def max_grad_norm(self) -> Optional[float]:
         """The discriminator's gradient norm is clipped to this once per step."""
-        return self._engine.max_grad_norm
+        return self.engine.max_grad_norm
 
     @max_grad_norm.setter
     def max_grad_norm(self, value: Optional[float]) -> None:
-        self._engine.max_grad_norm = check_max_grad_norm(value)
-
-    def _step_policy(self) -> StepPolicy:
-        """The discriminator's step policy, from this trainer's attributes.
-
-        Items are rows of an expert and a generator transition: one call each
-        chunk, never split.
-        """
-        caps = [c for c in (self._budget_cap, self._backed_off_cap) if c is not None]
-        return StepPolicy(
-            minibatch_size=self.demo_minibatch_size,
-            chunk_cap=min(caps) if caps else None,
-            forward_size=None,
-            two_pass=False,
-            unit="row (an expert and a generator transition)",
-        )
+        self.engine.max_grad_norm = check_max_grad_norm(value)
 
     def _fit_budget(
         self,
@@ -196,30 +147,23 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         """Rows per minibatch that fit ``memory_budget`` (a probe on a few rows).
 
         Raises:
-            ValueError: if not even one row (an expert and a generator transition)
-                fits.
+            ValueError: if not even one row fits.
         """
         assert self.memory_budget is not None
-        frame_bytes = 4 * int(np.prod(self.venv.observation_space.shape or ()))
-        log_probs = self._policy_log_probs if self._uses_policy_log_probs else None
 
         def call(start: int, stop: int) -> th.Tensor:
-            rows = [slice(0, stop - start)]
-            staged = discriminator_task.stage_batch(
+            (chunk,) = task.chunks(
                 {key: value[start:stop] for key, value in expert.items()},
                 {key: value[start:stop] for key, value in generated.items()},
-                rows,
-                keys=task.staged_keys,
-            )
-            (chunk,) = discriminator_task.make_chunks(
-                staged, rows, task.device, log_probs
+                [slice(0, stop - start)],
             )
             return task.forward(chunk, stop - start)
 
+        frame_bytes = 4 * int(np.prod(self.venv.observation_space.shape or ()))
         profile = probe.profile_calls(
             call,
             min(4, self.demo_batch_size),
-            measuring=lambda ckpt: self._engine.measuring(checkpointing=ckpt),
+            measuring=lambda ckpt: self.engine.measuring(checkpointing=ckpt),
             params=list(self._reward_net.parameters()),
             device=task.device,
             fixed_bytes=budget.training_state_bytes(self._disc_opt),
@@ -227,35 +171,32 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             input_bytes_per_transition=4 * frame_bytes,
             checkpointed=False,
         )
-        self.memory_profile = profile
         cap, in_bytes = probe.fit_budget(
             self.memory_budget,
             profile,
             device=task.device,
             resident_bytes=budget.resident_training_bytes(self._disc_opt),
             largest_batch=self.demo_batch_size,
-            unit="row (an expert and a generator transition)",
+            unit=_ROW,
         )
-        self.logger.log(
-            probe.budget_message(
-                in_bytes,
-                profile,
-                cap=cap,
-                item=1,
-                largest_batch=self.demo_batch_size,
-                items="rows",
-            ),
+        self.memory_profile = profile
+        message = probe.budget_message(
+            in_bytes,
+            profile,
+            cap=cap,
+            item=1,
+            largest_batch=self.demo_batch_size,
+            items="rows",
         )
+        self.logger.log(message)
         return cap
 
     def _disc_samples(
         self,
-        *,
-        expert_samples: Optional[Mapping] = None,
-        gen_samples: Optional[Mapping] = None,
+        expert_samples: Optional[Mapping],
+        gen_samples: Optional[Mapping],
     ) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]:
         """Draws (or checks) one step's expert and generator samples."""
-        batch_size = self.demo_batch_size
         expert_name, gen_name = "expert_samples", "gen_samples"
         if expert_samples is None:
             expert_samples = self._next_expert_batch()
@@ -267,13 +208,13 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
                     "No generator samples for training. Call `train_gen()` first.",
                 )
             # One draw per step, as imitation's: the split draws nothing.
-            sampled = self._gen_replay_buffer.sample(batch_size)
+            sampled = self._gen_replay_buffer.sample(self.demo_batch_size)
             gen_samples = types.dataclass_quick_asdict(sampled)
             gen_name = "the generator replay buffer's sample"
         return discriminator_task.step_arrays(
             (expert_name, expert_samples),
             (gen_name, gen_samples),
-            batch_size=batch_size,
+            batch_size=self.demo_batch_size,
             obs_shape=tuple(self.venv.observation_space.shape or ()),
         )
 
@@ -295,38 +236,16 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             return None
         return log_probs.reshape(len(obs)).to(self.reward_train.device)
 
-    def _disc_chunks(
-        self,
-        task: discriminator_task.DiscriminatorTask,
-        expert: Mapping[str, np.ndarray],
-        generated: Mapping[str, np.ndarray],
-        rows: Sequence[slice],
-    ) -> List[discriminator_task.DiscriminatorChunk]:
-        """The minibatches of ``rows``, with the policy's log-probabilities if used."""
-        devices = {self.reward_train.device.type, th.device(self.gen_algo.device).type}
-        batch = discriminator_task.stage_batch(
-            expert,
-            generated,
-            rows,
-            keys=task.staged_keys,
-            pin_memory="cuda" in devices,
-        )
-        log_probs = self._policy_log_probs if self._uses_policy_log_probs else None
-        chunks = discriminator_task.make_chunks(
-            batch, rows, self.reward_train.device, log_probs
-        )
-        task.stage(chunks)
-        return chunks
-
     def _disc_task(self) -> discriminator_task.DiscriminatorTask:
-        task = discriminator_task.DiscriminatorTask(
+        devices = {self.reward_train.device.type, th.device(self.gen_algo.device).type}
+        return discriminator_task.DiscriminatorTask(
             self.logits_expert_is_high,
             self.reward_train,
             self._reward_net,
+            log_probs=self._policy_log_probs if self._uses_policy_log_probs else None,
+            stager=staging.Stager() if self.acceleration.pinned_staging else None,
+            pin_memory="cuda" in devices,
         )
-        if self.acceleration.pinned_staging:
-            task.stager = staging.Stager()
-        return task
 
     def train_disc(
         self,
@@ -336,8 +255,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
     ) -> Mapping[str, float]:
         """Performs one discriminator update over one batch, in minibatches.
 
-        The update equals one step on the whole batch; the returned and logged
-        statistics describe the whole batch (same keys as imitation's).
+        The update equals one step on the whole batch.
 
         Args:
             expert_samples: Expert transitions (``obs``, ``acts``, ``next_obs``,
@@ -347,7 +265,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
                 default drawn from the generator replay buffer.
 
         Returns:
-            Statistics of the discriminator on the batch (loss, accuracy, ...).
+            imitation's statistics (loss, accuracy, ...), of the whole batch.
 
         Raises:
             ValueError: if the samples do not hold ``demo_batch_size`` transitions
@@ -361,18 +279,26 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         )
         with self.logger.accumulate_means("disc"), accelerated:
             write_summaries = self._init_tensorboard and self._global_step % 20 == 0
-            expert, generated = self._disc_samples(
-                expert_samples=expert_samples,
-                gen_samples=gen_samples,
-            )
+            expert, generated = self._disc_samples(expert_samples, gen_samples)
             task = self._disc_task()
-            if self.memory_budget is not None and self._budget_cap is None:
-                self._budget_cap = self._fit_budget(task, expert, generated)
-            policy = self._step_policy()
+            # A cap found by the budget's probe or an out-of-memory back-off holds
+            # for later steps too.
+            cap = None if self.step_policy is None else self.step_policy.chunk_cap
+            if self.memory_budget is not None and self.memory_profile is None:
+                fit = self._fit_budget(task, expert, generated)
+                cap = fit if cap is None else min(cap, fit)
+            # Items are rows of an expert and a generator transition.
+            policy = StepPolicy(
+                minibatch_size=self.demo_minibatch_size,
+                chunk_cap=cap,
+                forward_size=None,
+                two_pass=False,
+                unit=_ROW,
+            )
 
             def step(plan: StepPlan) -> Tuple[StepResult, th.Tensor]:
-                chunks = self._disc_chunks(task, expert, generated, plan.item_chunks)
-                result = self._engine.step(
+                chunks = task.chunks(expert, generated, plan.item_chunks)
+                result = self.engine.step(
                     task,
                     chunks,
                     plan=plan,
@@ -381,22 +307,21 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
                 # Labels in the order of the logits: the chunks' own.
                 return result, th.cat([chunk.labels for chunk in chunks])
 
-            ran, _, (result, labels) = run_step(
+            self.step_policy, _, (result, labels) = run_step(
                 np.ones(self.demo_batch_size, dtype=np.int64),
                 step,
                 policy,
                 device=self.reward_train.device,
                 log=self.logger.log,
             )
-            if ran.chunk_cap != policy.chunk_cap:
-                self._backed_off_cap = ran.chunk_cap  # for later steps too
-            self.step_policy = ran
             self._disc_step += 1
             self.last_disc_result = result
             assert result.item_outputs is not None  # the task returns its logits
             logits = result.item_outputs
-            train_stats = discriminator_task.batch_statistics(
-                logits, labels, result.loss
+            # imitation's statistics of the whole batch (imitation 1.0.1 reports
+            # the last minibatch's, with a scaled-down loss).
+            train_stats = common.compute_train_stats(
+                logits, labels.long(), th.tensor(result.loss)
             )
             self.logger.record("global_step", self._global_step)
             for key, value in train_stats.items():

@@ -1,8 +1,4 @@
-"""Offline reward-model training shared by a process group (DDP under torchrun).
-
-See :mod:`imitation_accum.distributed.engine` for how N processes give the
-update of one.
-"""
+"""Offline reward-model training shared by a process group (DDP under torchrun)."""
 
 from imitation_accum.distributed.engine import DistributedGradientAccumulator
 from imitation_accum.distributed.process_group import (

@@ -1,29 +1,12 @@
-"""Reward-model training shared by the processes of a group (DDP).
+"""Reward-model steps shared by a process group (DDP): N ranks give one's update.
 
-One process (*rank*) per device, launched by ``torchrun``. Every rank holds the
-whole net and dataset and draws the same batches; each computes a disjoint,
-contiguous share of every batch, in minibatches as usual. The update is the one a
-single process makes on the whole batch:
-
-* losses are divided by the pairs in the *whole* batch, and multiplied by the
-  number of ranks to undo DDP's averaging, so the reduced gradient is the
-  full-batch gradient; every minibatch but a rank's last runs under ``no_sync()``;
-* ``RunningNorm``/``EMANorm`` statistics are the whole batch's: each rank's
-  moments (count, mean, M2) are exchanged and merged in rank order, and every
-  rank replays the same update (DDP's buffer broadcast, which would copy rank 0's
-  statistics over everyone's, is off);
-* a rank with no pairs in a step runs the net on zero transitions (a zero
-  gradient), so it still takes part in the reduction;
-* reported losses, metrics and norm moments are sums over all ranks; the default
-  ``forward_size`` is rank 0's, broadcast.
-
-Chunks are planned per rank: the collectives depend only on every rank running
-its share of every step. A step that runs out of memory is not redone (the
-single-process back-off would leave the other ranks waiting): the job stops.
+Each rank computes a disjoint share of every batch; losses, gradients, metrics
+and norm moments are combined as docs/offline-and-distributed.md describes.
 """
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar
 
@@ -42,23 +25,23 @@ from imitation_accum.engine.accumulator import (
 from imitation_accum.planning.plan import StepPlan
 
 ChunkT = TypeVar("ChunkT")
-_OUT_OF_MEMORY = getattr(th, "OutOfMemoryError", th.cuda.OutOfMemoryError)
 
 
 class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
     """A :class:`GradientAccumulator` whose steps are shared by a process group.
 
     Each rank passes its own chunks and the item count of the *whole* batch to
-    :meth:`step`; the result is the step one process would take on the whole
-    batch, applied on every rank.
+    :meth:`step`. Losses are divided by the whole batch's items and multiplied by
+    the ranks (undoing DDP's average); every minibatch but a rank's last runs
+    under ``no_sync()``; norm moments are merged in rank order and DDP's buffer
+    broadcast is off; a rank without items runs the net on zero items.
 
     Args:
         net: The reward net; wrapped in :attr:`ddp`, through which every
-            reward-net call of a task must go (DDP sees the backward only of
-            outputs of its own forward).
+            reward-net call of a task must go.
         optimizer: The optimizer to step once per batch.
         empty_forward: Runs the module it is given (:attr:`ddp`) on zero items
-            and returns the output; lets a rank with no items join a step.
+            and returns the output.
         process_group: The group to share steps with (default: the default one).
         regularizer: As in :class:`GradientAccumulator`.
         max_grad_norm: As in :class:`GradientAccumulator`.
@@ -83,34 +66,25 @@ class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
                 "(see imitation_accum.distributed.init_distributed)",
             )
         super().__init__(
-            net,
-            optimizer,
-            regularizer=regularizer,
-            max_grad_norm=max_grad_norm,
+            net, optimizer, regularizer=regularizer, max_grad_norm=max_grad_norm
         )
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
-        device = self.device
         nccl = dist.get_backend(process_group) == "nccl"
-        self._comm_device = device if nccl else th.device("cpu")
+        self._comm_device = self.device if nccl else th.device("cpu")
         self.ddp = nn.parallel.DistributedDataParallel(
             net,
-            device_ids=[device.index] if device.type == "cuda" else None,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
             process_group=process_group,
             **self._ddp_options(),
         )
         self._empty_forward = empty_forward
 
     def _ddp_options(self) -> Dict[str, Any]:
-        """Keyword arguments for ``DistributedDataParallel``: no buffer broadcast.
-
-        DDP would copy rank 0's norm statistics over every rank's before each
-        forward; here every rank computes the whole batch's statistics itself.
-        Buffers are still made equal once, when DDP is built.
-        """
-        # torch 2.13 splits broadcast_buffers (at init and in forward) into
-        # forward_sync_buffers (in forward only) and an init sync that stays on.
+        # No buffer broadcast before each forward: every rank computes the whole
+        # batch's norm statistics itself. torch 2.13 splits broadcast_buffers (at
+        # init and in forward) into forward_sync_buffers (in forward only).
         parameters = inspect.signature(nn.parallel.DistributedDataParallel).parameters
         if "forward_sync_buffers" in parameters:
             return {"forward_sync_buffers": False}
@@ -151,7 +125,7 @@ class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
                 plan=dataclasses.replace(plan, net_calls=calls),
                 n_items=n_items,
             )
-        except _OUT_OF_MEMORY as error:
+        except th.OutOfMemoryError as error:
             # A single-process trainer redoes the step with smaller chunks; one
             # rank redoing alone would desynchronize the ranks' collectives.
             raise RuntimeError(
@@ -211,22 +185,13 @@ class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
                 for row in rows
                 if int(row[0])
             ]
-            total = parts[0]  # some rank made this call
-            for part in parts[1:]:
-                total = total.merge(part)
+            # Some rank made this call.
+            total = functools.reduce(norm_replay.Moments.merge, parts)
             merged[i].append(total)
         return merged
 
     def broadcast(self, values: Sequence[float], src: int = 0) -> Tuple[float, ...]:
-        """Rank ``src``'s ``values`` on every rank.
-
-        Args:
-            values: Numbers (only rank ``src``'s matter; same length everywhere).
-            src: The rank whose values win.
-
-        Returns:
-            The values of rank ``src``.
-        """
+        """Rank ``src``'s ``values`` (numbers, as many on every rank) on every rank."""
         tensor = th.tensor(list(values), dtype=th.float64, device=self._comm_device)
         dist.broadcast(tensor, src, group=self.process_group)
         return tuple(tensor.tolist())

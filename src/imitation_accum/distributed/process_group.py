@@ -3,7 +3,6 @@
 import contextlib
 import dataclasses
 import datetime
-import math
 import os
 import time
 from typing import Any, Iterator, List, Mapping, Optional, Union
@@ -11,6 +10,8 @@ from typing import Any, Iterator, List, Mapping, Optional, Union
 import numpy as np
 import torch as th
 import torch.distributed as dist
+
+from imitation_accum import _validation
 
 _TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -53,10 +54,7 @@ class DistributedContext:
 
 
 def launched_by_torchrun(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """Whether the environment describes a process group (as ``torchrun`` sets it).
-
-    Args:
-        environ: The environment (default: ``os.environ``).
+    """Whether ``environ`` (default ``os.environ``) sets torchrun's four variables.
 
     Returns:
         True if ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` are set.
@@ -72,9 +70,6 @@ def resolve_device(device: Union[str, th.device], local_rank: int = 0) -> th.dev
         device: ``"auto"`` (this process's GPU if there is one, else the CPU),
             ``"cuda"`` (this process's GPU), or any explicit device.
         local_rank: The process's index on its machine, which picks its GPU.
-
-    Returns:
-        The device.
 
     Raises:
         ValueError: if ``device`` names no device, or CUDA is asked for but absent.
@@ -106,14 +101,7 @@ def check_timeout(name: str, value: object) -> float:
     Raises:
         ValueError: naming ``name`` otherwise.
     """
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
+    return _validation.positive_finite_float(name, value)
 
 
 def init_distributed(
@@ -124,19 +112,17 @@ def init_distributed(
 ) -> DistributedContext:
     """Joins the process group described by the environment, if there is one.
 
-    Under ``torchrun`` this initializes ``torch.distributed`` (NCCL when training on
-    GPUs, gloo on CPUs, unless ``backend`` says otherwise) and selects this
-    process's GPU. An already initialized default group is used as it is. Without
-    either, nothing is initialized: a single process.
+    Under ``torchrun`` this initializes ``torch.distributed`` (by default NCCL on
+    GPUs, gloo on CPUs) and selects this process's GPU; an initialized default
+    group is used as it is; otherwise this is a single process.
 
     Args:
         device: See :func:`resolve_device`.
         backend: Force a backend.
-        timeout_s: How long a collective waits for the other ranks before it
-            fails (a rank that stopped or hangs then ends the job).
+        timeout_s: How long a collective waits for the other ranks before it fails.
 
     Returns:
-        The process's context.
+        This process's context.
     """
     timeout_s = check_timeout("timeout_s", timeout_s)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -169,77 +155,46 @@ def shutdown_distributed(context: DistributedContext) -> None:
         dist.destroy_process_group()
 
 
-def _record_for_torchrun(error: BaseException) -> None:
-    # torchrun prints the error file of the first rank that failed in its summary.
-    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        from torch.distributed.elastic.multiprocessing import errors
-
-        errors.ErrorHandler().record_exception(error)
-
-
 def _is_timeout(error: BaseException) -> bool:
-    backend_error = getattr(dist, "DistBackendError", None)
     text = str(error).lower()
-    return (backend_error is not None and isinstance(error, backend_error)) or (
-        "timed out" in text or "timeout" in text
-    )
+    timed_out = "timed out" in text or "timeout" in text
+    return timed_out or isinstance(error, dist.DistBackendError)
 
 
-def _unresponsive_ranks(context: DistributedContext, grace_s: float) -> List[int]:
-    """Ranks that did not also time out within ``grace_s``: stopped or stuck.
-
-    Every rank whose collective times out records so in the default group's store
-    (torchrun's rendezvous store, which still works when a collective has timed
-    out); the ranks that waited time out at about the same moment, the one they
-    waited for does not.
-    """
+def _timeout_message(context: DistributedContext) -> str:
+    # Names the ranks that did not also time out within a grace period: stopped or
+    # stuck. Every rank whose collective times out says so in torchrun's store
+    # (which still works); the ranks that waited time out at about the same
+    # moment, the one they waited for does not.
+    message = f"a collective timed out after {context.timeout_s:g} s"
     try:
-        getter = getattr(dist.distributed_c10d, "_get_default_store", None)
-        store = None if getter is None else getter()
-        if store is None:
-            return []
+        store = dist.distributed_c10d._get_default_store()
         store.set(_TIMED_OUT_KEY.format(rank=context.rank), "1")
         others = [r for r in range(context.world_size) if r != context.rank]
-        deadline = time.monotonic() + grace_s
+        deadline = time.monotonic() + min(30.0, max(2.0, context.timeout_s / 10))
         while True:
             missing = [
                 r for r in others if not store.check([_TIMED_OUT_KEY.format(rank=r)])
             ]
             if not missing or time.monotonic() >= deadline:
-                return missing
+                break
             time.sleep(0.2)
     except Exception:  # the store is gone too: nothing more to say
-        return []
-
-
-def _timeout_message(context: DistributedContext) -> str:
-    grace = min(30.0, max(2.0, context.timeout_s / 10))
-    missing = _unresponsive_ranks(context, grace)
-    if missing:
-        ranks = ", ".join(str(r) for r in missing)
-        who = f"rank {ranks} did" if len(missing) == 1 else f"ranks {ranks} did"
-        return (
-            f"a collective timed out after {context.timeout_s:g} s: {who} not "
-            "reach it (stopped or stuck)"
-        )
-    return f"a collective timed out after {context.timeout_s:g} s"
+        return message
+    if not missing:
+        return message
+    ranks = ", ".join(str(r) for r in missing)
+    who = f"rank {ranks} did" if len(missing) == 1 else f"ranks {ranks} did"
+    return f"{message}: {who} not reach it (stopped or stuck)"
 
 
 @contextlib.contextmanager
 def reporting_failures(context: DistributedContext) -> Iterator[None]:
     """Re-raises an error of a distributed run with this process's rank in it.
 
-    The error is also recorded for ``torchrun``, whose summary then names the
-    first rank that failed and its error; ``torchrun`` stops the other ranks and
-    exits non-zero. A collective that timed out (a rank stopped or hangs) also
-    names the ranks that did not reach it. In a single process errors pass
-    through unchanged.
-
-    Args:
-        context: This process's context.
-
-    Yields:
-        None.
+    The error is also recorded for ``torchrun``'s summary. A collective that timed
+    out also names the ranks that did not reach it. In a single process errors
+    pass through unchanged.
 
     Raises:
         RankFailedError: from any exception of the block, in a distributed run.
@@ -255,7 +210,11 @@ def reporting_failures(context: DistributedContext) -> Iterator[None]:
         failure = RankFailedError(
             f"rank {context.rank} of {context.world_size} failed: {detail}",
         )
-        _record_for_torchrun(failure)
+        # torchrun prints the error file of the first rank that failed.
+        if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+            from torch.distributed.elastic.multiprocessing import errors
+
+            errors.ErrorHandler().record_exception(failure)
         raise failure from error
 
 
@@ -268,14 +227,9 @@ def distributed_session(
 ) -> Iterator[DistributedContext]:
     """:func:`init_distributed`, :func:`reporting_failures`, then a clean exit.
 
-    The process group is left only after a successful block: after a failure
-    another rank may still wait in a collective, and tearing NCCL down under it
-    can hang; the process is about to exit anyway.
-
-    Args:
-        device: See :func:`resolve_device`.
-        backend: Force a backend.
-        timeout_s: See :func:`init_distributed`.
+    The group is left only after a successful block: after a failure another rank
+    may still wait in a collective, and tearing NCCL down under it can hang. The
+    arguments are :func:`init_distributed`'s.
 
     Yields:
         This process's context.
@@ -292,18 +246,10 @@ def distributed_session(
 
 
 def local_share(indices: np.ndarray, rank: int, world_size: int) -> np.ndarray:
-    """Rank ``rank``'s contiguous share of ``indices``.
+    """Rank ``rank``'s contiguous share of ``indices`` among ``world_size``.
 
     Shares differ in size by at most one (the first ranks get the extra items); a
     rank gets none when there are fewer items than ranks.
-
-    Args:
-        indices: The batch.
-        rank: This process's rank.
-        world_size: Number of processes.
-
-    Returns:
-        A contiguous slice of ``indices``.
     """
     base, extra = divmod(len(indices), world_size)
     start = rank * base + min(rank, extra)
@@ -311,15 +257,10 @@ def local_share(indices: np.ndarray, rank: int, world_size: int) -> np.ndarray:
 
 
 def check_batch_size(name: str, batch_size: int, world_size: int) -> None:
-    """Checks that every rank gets at least one item of a full batch.
-
-    Args:
-        name: The argument's name, for the message.
-        batch_size: Items per batch.
-        world_size: Number of processes.
+    """Checks that every one of ``world_size`` ranks gets an item of a full batch.
 
     Raises:
-        ValueError: if ``batch_size < world_size``.
+        ValueError: naming ``name`` if ``batch_size < world_size``.
     """
     if batch_size < world_size:
         raise ValueError(
@@ -342,7 +283,7 @@ def check_same_on_every_rank(
         context: This process's context.
         what: What the value is, for the message (``"the data"``).
         value: This rank's value.
-        shown: How to show this rank's value in the message (default: itself).
+        shown: How to show ``value`` in the message (default: itself).
         advice: What to do about a difference, appended to the message.
 
     Raises:

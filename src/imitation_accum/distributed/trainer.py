@@ -1,8 +1,7 @@
 """The preference reward trainer whose steps a process group shares."""
 
-import hashlib
 import inspect
-from typing import Any, Optional
+from typing import Any, List, Optional, cast
 
 import numpy as np
 import torch as th
@@ -19,25 +18,16 @@ from imitation_accum.preference.trainer import CrossEntropyRewardTrainer
 class DistributedRewardTrainer(CrossEntropyRewardTrainer):
     """A :class:`CrossEntropyRewardTrainer` that shares each step among processes.
 
-    Arguments and results are those of :class:`CrossEntropyRewardTrainer`; the
-    trained net, its norm statistics and every logged figure equal those of one
-    process training on the same data (up to float round-off). ``batch_size`` and
-    ``minibatch_size`` keep their meaning: ``batch_size`` pairs per optimizer step
-    over all ranks, at most ``minibatch_size`` pairs per forward/backward on each.
-
-    Every rank must build the trainer with the same arguments and an identically
-    seeded ``rng``, and call :meth:`train` with the same dataset. Outside a
-    process group (or in a group of one) this is a plain
-    :class:`CrossEntropyRewardTrainer`.
-
-    Only rank 0 shows a progress bar; give the other ranks a logger that writes
-    nothing worth keeping.
+    The trained net, its norm statistics and every logged figure equal those of
+    one process on the same data. ``batch_size`` pairs per optimizer step over all
+    ranks, at most ``minibatch_size`` pairs per forward/backward on each. Every
+    rank builds the trainer alike (``rng`` seeded the same) and trains on the same
+    dataset; only rank 0 shows a progress bar. Outside a process group (or in a
+    group of one) this is a plain :class:`CrossEntropyRewardTrainer`.
 
     Args:
-        *args: The arguments of :class:`CrossEntropyRewardTrainer`, in its order
-            (``preference_model``, ``loss``, ``rng``, ``batch_size``, ...): ``rng``
-            seeded the same on every rank, ``batch_size`` at least the number of
-            processes.
+        *args: The arguments of :class:`CrossEntropyRewardTrainer`, in its order;
+            ``batch_size`` at least the number of processes.
         process_group: The group to share steps with (default: the default group,
             if ``torch.distributed`` is initialized).
         **kwargs: Keyword arguments of :class:`CrossEntropyRewardTrainer`.
@@ -71,11 +61,8 @@ class DistributedRewardTrainer(CrossEntropyRewardTrainer):
         self.rank = dist.get_rank(process_group) if distributed else 0
         bound = inspect.signature(CrossEntropyRewardTrainer).bind(*args, **kwargs)
         batch_size = bound.arguments.get("batch_size", 32)
-        check_batch_size(
-            "batch_size",
-            _validation.positive_int("batch_size", batch_size),
-            self.world_size,
-        )
+        batch_size = _validation.positive_int("batch_size", batch_size)
+        check_batch_size("batch_size", batch_size, self.world_size)
         if self.rank != 0:
             kwargs["progress_bar"] = False
         super().__init__(*args, **kwargs)
@@ -115,12 +102,10 @@ class DistributedRewardTrainer(CrossEntropyRewardTrainer):
         return module(*net.preprocess(obs, acts, obs, dones))
 
     def _check_same_rng(self) -> None:
-        state = repr(self.rng.bit_generator.state).encode()
-        digest = int.from_bytes(hashlib.sha256(state).digest()[:7], "little")
-        mine = th.tensor([digest], dtype=th.int64, device=self._ddp_engine._comm_device)
-        everyone = [th.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(everyone, mine, group=self.process_group)
-        differing = [r for r, d in enumerate(everyone) if int(d) != int(everyone[0])]
+        states: List[Any] = [None] * self.world_size
+        state = repr(self.rng.bit_generator.state)
+        dist.all_gather_object(states, state, group=self.process_group)
+        differing = [r for r, other in enumerate(states) if other != states[0]]
         if differing:
             raise ValueError(
                 "rng must be seeded identically on every process (each draws the "
@@ -128,19 +113,11 @@ class DistributedRewardTrainer(CrossEntropyRewardTrainer):
                 "from rank 0",
             )
 
-    @property
-    def _ddp_engine(self) -> DistributedGradientAccumulator:
-        engine = self.engine
-        assert isinstance(engine, DistributedGradientAccumulator)
-        return engine
-
     def _agreed_forward_size(self, size: Optional[int]) -> Optional[int]:
-        """Rank 0's default forward size, on every rank.
-
-        Each rank derives the same size from the same net and data; rank 0's is
-        broadcast anyway, so that one logged ``forward_size`` holds for the group.
-        """
+        # Each rank derives the same size; rank 0's is broadcast anyway, so that
+        # one logged forward_size holds for the group.
         if not self.distributed:
             return size
-        (agreed,) = self._ddp_engine.broadcast([float(size or 0)])
+        engine = cast(DistributedGradientAccumulator, self.engine)
+        (agreed,) = engine.broadcast([float(size or 0)])
         return int(agreed) or None

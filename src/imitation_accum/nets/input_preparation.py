@@ -1,13 +1,8 @@
 """Reward-net inputs from raw transitions already on the device.
 
-imitation's ``RewardNet.preprocess`` converts observations, actions, next
-observations and dones for the net's ``forward``. :class:`InputPreparer` does the
-same, but for nets that keep imitation's ``preprocess`` it converts each field
-with SB3's conversion chosen once per space (the space checks cost more than the
-conversion on small calls), and it skips next observations for imitation's
-``BasicRewardNet``/``CnnRewardNet`` built without ``use_next_state`` (their
-default), which never read them: half of the frames need not be gathered, moved
-or converted. Any other net gets its own ``preprocess`` and every field.
+For nets that keep imitation's ``RewardNet.preprocess``, each field is converted
+with SB3's conversion chosen once per space, and next observations are skipped
+for nets that never read them; any other net gets its own ``preprocess``.
 """
 
 from typing import Callable, Optional, Tuple, cast
@@ -22,15 +17,9 @@ from torch.nn import functional as F  # noqa: N812
 NetInputs = Tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]
 
 
-def stock_preprocess_owner(net: nn.Module) -> Optional[reward_nets.RewardNet]:
-    """The net whose unmodified ``RewardNet.preprocess`` ``net.preprocess`` runs.
-
-    Args:
-        net: A reward net, possibly inside imitation's wrappers.
-
-    Returns:
-        That net, or ``None`` if some class on the way overrides ``preprocess``.
-    """
+def _stock_preprocess_owner(net: nn.Module) -> Optional[reward_nets.RewardNet]:
+    # The net whose unmodified RewardNet.preprocess net.preprocess runs, or None if
+    # some class on the way (through imitation's wrappers) overrides preprocess.
     while isinstance(net, reward_nets.RewardNet):
         method = type(net).preprocess
         if method is reward_nets.RewardNet.preprocess:
@@ -42,11 +31,7 @@ def stock_preprocess_owner(net: nn.Module) -> Optional[reward_nets.RewardNet]:
 
 
 def reads_next_state(net: nn.Module) -> bool:
-    """Whether a reward net's forward reads its ``next_state`` argument.
-
-    Args:
-        net: The net whose forward is called (through imitation's
-            output-normalizing wrappers, which forward to their base).
+    """Whether a net's forward (through imitation's wrappers) reads ``next_state``.
 
     Returns:
         ``False`` only for imitation's ``BasicRewardNet`` and ``CnnRewardNet``
@@ -64,20 +49,13 @@ def reads_next_state(net: nn.Module) -> bool:
     return True
 
 
-def converter(
+def _converter(
     space: gym.Space,
     normalize_images: bool,
 ) -> Callable[[th.Tensor], th.Tensor]:
-    """SB3's ``preprocess_obs`` for one space, with its checks made once.
-
-    Args:
-        space: The observation or action space.
-        normalize_images: Whether image observations are divided by 255.
-
-    Returns:
-        A function converting a batch from ``space`` to the net's input.
-    """
-    # The Box and Discrete cases of SB3's preprocess_obs (a few upstream lines).
+    # SB3's preprocess_obs for one space, with its checks made once (the space
+    # checks cost more than the conversion on small calls): its Box and Discrete
+    # cases copied, a few upstream lines.
     if isinstance(space, gym.spaces.Box):
         if normalize_images and preprocessing.is_image_space(space):
             return lambda x: x.float() / 255.0
@@ -110,24 +88,18 @@ class InputPreparer:
         forward_net: Optional[nn.Module] = None,
     ) -> None:
         self.net = net
-        self._stock_net = stock_preprocess_owner(net)
+        self._stock_net = _stock_preprocess_owner(net)
+        self.uses_stock_preprocess = self._stock_net is not None
+        """Whether the net runs imitation's stock ``RewardNet.preprocess``, which
+        converts each transition on its own (a slice's conversion is the
+        conversion's slice); a net's own ``preprocess`` promises no such thing."""
         self.reads_next_state = self._stock_net is None or reads_next_state(
             net if forward_net is None else forward_net,
         )
         if self._stock_net is not None:
             normalize = self._stock_net.normalize_images
-            self._convert_obs = converter(self._stock_net.observation_space, normalize)
-            self._convert_acts = converter(self._stock_net.action_space, normalize)
-
-    @property
-    def uses_stock_preprocess(self) -> bool:
-        """Whether the net runs imitation's stock ``RewardNet.preprocess``.
-
-        That conversion treats each transition on its own, so converting a slice
-        of transitions equals slicing their conversion; a net's own
-        ``preprocess`` promises no such thing.
-        """
-        return self._stock_net is not None
+            self._convert_obs = _converter(self._stock_net.observation_space, normalize)
+            self._convert_acts = _converter(self._stock_net.action_space, normalize)
 
     def __call__(
         self,
@@ -138,15 +110,9 @@ class InputPreparer:
     ) -> NetInputs:
         """The ``forward`` arguments ``(state, action, next_state, done)``.
 
-        Args:
-            obs: Observations, as stored (uint8 frames stay uint8 until here).
-            acts: Actions.
-            next_obs: Next observations; may be ``None`` when
-                :attr:`reads_next_state` is false (``state`` then stands in).
-            dones: Episode-end flags.
-
-        Returns:
-            The converted tensors.
+        ``obs`` come as stored (uint8 frames stay uint8 until here); ``next_obs``
+        may be ``None`` when :attr:`reads_next_state` is false (``state`` then
+        stands in).
         """
         if self._stock_net is None:
             return self.net.preprocess(

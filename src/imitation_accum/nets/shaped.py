@@ -9,10 +9,8 @@ from imitation.rewards import reward_nets
 class CnnShapedRewardNet(reward_nets.ShapedRewardNet):
     """A potential-shaped CNN reward net, for AIRL on image observations.
 
-    imitation's ``CnnRewardNet`` as the base reward and its ``BasicPotentialCNN`` as
-    the potential, inside imitation's ``ShapedRewardNet``: the CNN counterpart of
-    ``BasicShapedRewardNet``. Both halves read frames in the same layout
-    (``hwc_format``), the environment's own (height, width, channels) by default.
+    imitation's ``CnnRewardNet`` (base reward) and ``BasicPotentialCNN`` (potential)
+    inside its ``ShapedRewardNet``: the CNN counterpart of ``BasicShapedRewardNet``.
 
     Args:
         observation_space: The (image) observation space.
@@ -23,11 +21,10 @@ class CnnShapedRewardNet(reward_nets.ShapedRewardNet):
         use_action: Whether the base reward reads the action.
         use_next_state: Whether the base reward reads the next frame.
         use_done: Whether the base reward reads the done flag.
-        hwc_format: Whether frames are (height, width, channels); if ``False``
-            they are (channels, height, width).
+        hwc_format: Whether frames are (height, width, channels), the
+            environment's own layout, for both CNNs; else channels-first.
         discount_factor: Discount factor of the potential shaping.
-        **kwargs: Passed to imitation's ``build_cnn`` for both CNNs (for example
-            ``kernel_size``, ``stride``, ``dropout_prob``).
+        **kwargs: Passed to imitation's ``build_cnn`` for both CNNs.
 
     Raises:
         ValueError: if the observations are not images, or ``use_action`` is set
@@ -37,7 +34,6 @@ class CnnShapedRewardNet(reward_nets.ShapedRewardNet):
         >>> net = CnnShapedRewardNet(  # doctest: +SKIP
         ...     venv.observation_space, venv.action_space, discount_factor=0.99
         ... )
-        >>> airl = imitation_accum.AIRL(..., reward_net=net)  # doctest: +SKIP
     """
 
     def __init__(
