@@ -1,8 +1,6 @@
-"""The training state: everything needed to continue training where it stopped.
+"""The training state: what a run needs to continue where it stopped.
 
-It holds only tensors and plain Python values, so it loads with
-``torch.load(weights_only=True)`` without any registration, and is written
-atomically (:mod:`imitation_accum.io.atomic`).
+Only tensors and plain values (it loads with ``weights_only=True``); written atomically.
 """
 
 import copy
@@ -60,7 +58,7 @@ def capture_state(
     epoch: int,
     metadata: Optional[Mapping[str, Any]] = None,
 ) -> TrainingState:
-    """The training state of ``trainer`` after ``epoch`` completed epochs.
+    """A copy of the training state of ``trainer`` after ``epoch`` completed epochs.
 
     Args:
         trainer: A reward trainer with ``optim``, ``rng`` and ``regularizer``.
@@ -68,7 +66,7 @@ def capture_state(
         metadata: Plain values to check on resume.
 
     Returns:
-        Copies of the state, safe to write while training goes on.
+        The state.
     """
     net = unwrapped(trainer._preference_model.model)
     regularizer = getattr(trainer, "regularizer", None)
@@ -87,28 +85,14 @@ def capture_state(
 
 
 def save_training_state(state: TrainingState, path: AnyPath) -> pathlib.Path:
-    """Writes ``state`` to ``path`` atomically.
-
-    Args:
-        state: What to save.
-        path: Where.
-
-    Returns:
-        ``path`` as a ``pathlib.Path``.
-    """
+    """Writes ``state`` to ``path`` atomically and returns ``path``."""
     payload = {"format": _STATE_FORMAT, "version": _STATE_VERSION}
     payload.update(dataclasses.asdict(state))
     return atomic_save(payload, path)
 
 
 def load_training_state(path: AnyPath) -> TrainingState:
-    """Reads a state written by :func:`save_training_state`.
-
-    Args:
-        path: The file.
-
-    Returns:
-        The state, tensors on the CPU.
+    """Reads a state written by :func:`save_training_state` (tensors on the CPU).
 
     Raises:
         ValueError: if the file is missing, unreadable or not a training state.
@@ -164,8 +148,7 @@ def check_fits(state: TrainingState, net: nn.Module, path: AnyPath) -> None:
         path: The checkpoint's path, for messages.
 
     Raises:
-        ValueError: naming ``path`` and the first differing key, if the class, the
-            parameter and buffer names or their shapes differ.
+        ValueError: naming ``path`` and the first differing class, key or shape.
     """
     net = unwrapped(net)
     here = net.state_dict()
@@ -201,8 +184,8 @@ def restore_state(
         path: The checkpoint's path, for messages.
 
     Raises:
-        ValueError: naming ``path`` and what differs, if the state does not fit the
-            trainer (architecture, optimizer, generator kind, regularizer).
+        ValueError: naming ``path`` and what differs (architecture, optimizer,
+            generator kind, regularizer).
     """
     net = unwrapped(trainer._preference_model.model)
     check_fits(state, net, path)
@@ -248,12 +231,10 @@ def apply_hyperparameters(
     optimizer: th.optim.Optimizer,
     values: Mapping[str, Any],
 ) -> Dict[str, Tuple[Any, Any]]:
-    """Sets this run's optimizer hyperparameters over those a checkpoint restored.
+    """Puts the configured hyperparameters back over those a checkpoint restored.
 
-    Loading an optimizer's state also loads its hyperparameters (``lr``,
-    ``weight_decay``, ...); a resumed run configured with other values then
-    trains with the checkpoint's while its config records its own. This puts the
-    configured values back into every parameter group.
+    Loading an optimizer's state also loads its ``lr``, ``weight_decay``, ...;
+    a resumed run must train with the values its config records.
 
     Args:
         optimizer: The optimizer, its state just restored.

@@ -32,7 +32,7 @@ from imitation.scripts.train_adversarial import train_adversarial_ex as imitatio
 
 import imitation_accum
 from imitation_accum.adversarial import arguments
-from imitation_accum.scripts import atari_configs, config_checks, experiment
+from imitation_accum.scripts import config_checks, experiment, presets
 
 train_adversarial_ex = experiment.derive(imitation_ex, doc=__doc__)
 ALGORITHMS = {"airl": imitation_accum.AIRL, "gail": imitation_accum.GAIL}
@@ -109,10 +109,10 @@ FAST: Dict[str, Any] = dict(
     demonstrations=dict(n_expert_demos=None),
 )
 
-atari_configs.add_named_configs(
+presets.add_named_configs(
     train_adversarial_ex,
     FAST,
-    atari_configs.adversarial_config,
+    presets.adversarial_config,
 )
 
 

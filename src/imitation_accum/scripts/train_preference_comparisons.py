@@ -31,7 +31,7 @@ from imitation.scripts.train_preference_comparisons import (
 import imitation_accum
 from imitation_accum import _validation
 from imitation_accum.preference import arguments
-from imitation_accum.scripts import atari_configs, config_checks, experiment
+from imitation_accum.scripts import config_checks, experiment, presets
 
 train_preference_comparisons_ex = experiment.derive(imitation_ex, doc=__doc__)
 train_preference_comparisons_ex.own_sections.extend(
@@ -93,12 +93,12 @@ FAST: Dict[str, Any] = dict(
     policy_evaluation=dict(n_episodes_eval=1),
 )
 
-atari_configs.add_named_configs(
+presets.add_named_configs(
     train_preference_comparisons_ex,
     FAST,
-    atari_configs.preference_config,
+    presets.preference_config,
 )
-train_preference_comparisons_ex.add_named_config("gpu_bf16", atari_configs.GPU_BF16)
+train_preference_comparisons_ex.add_named_config("gpu_bf16", presets.GPU_BF16)
 
 
 def main_console() -> None:
