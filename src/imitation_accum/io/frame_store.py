@@ -134,7 +134,7 @@ def _replace_directory(source: pathlib.Path, target: pathlib.Path) -> None:
     if target.exists():
         if not (target / MANIFEST).is_file() and any(target.iterdir()):
             raise FileExistsError(
-                f"{target} exists and is not a frame store; not replacing it",
+                f"{target} exists and is not a frame store; not replacing it"
             )
         old = atomic.temporary_sibling(target, "old.")
         os.replace(target, old)
@@ -158,7 +158,7 @@ def read_manifest(path: AnyPath) -> Dict[str, Any]:
     if manifest_path.is_symlink():
         raise StoreError(
             f"{manifest_path}: a symbolic link; the manifest of the frame store "
-            f"{directory} must be a plain file inside it",
+            f"{directory} must be a plain file inside it"
         )
     if not manifest_path.is_file():
         raise StoreError(f"{manifest_path}: missing; {directory} is not a frame store")
@@ -171,7 +171,7 @@ def read_manifest(path: AnyPath) -> Dict[str, Any]:
     if manifest.get("version") != VERSION:
         raise StoreError(
             f"{manifest_path}: format version {manifest.get('version')!r}; this "
-            f"version of imitation_accum reads version {VERSION}",
+            f"version of imitation_accum reads version {VERSION}"
         )
     if not isinstance(manifest.get("arrays"), dict):
         raise StoreError(f"{manifest_path}: no 'arrays' table")
@@ -179,10 +179,7 @@ def read_manifest(path: AnyPath) -> Dict[str, Any]:
 
 
 def open_array(
-    path: AnyPath,
-    manifest: Mapping[str, Any],
-    name: str,
-    verify: bool = False,
+    path: AnyPath, manifest: Mapping[str, Any], name: str, verify: bool = False
 ) -> np.ndarray:
     """Memory-maps array ``name`` of a store, read-only, after checking it.
 
@@ -207,7 +204,7 @@ def open_array(
         shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
     except (KeyError, TypeError, ValueError) as error:
         raise StoreError(
-            f"{directory / MANIFEST}: no valid entry for array {name!r}",
+            f"{directory / MANIFEST}: no valid entry for array {name!r}"
         ) from error
     # Checked before anything is opened: a crafted manifest must not make a
     # load read (or map) a file outside the store.
@@ -215,14 +212,14 @@ def open_array(
         raise StoreError(
             f"{directory / MANIFEST}: array {name!r} is stored in {file_name!r}, "
             f"not a plain file name inside the store {directory} (no path "
-            "separators, no '..', not absolute)",
+            "separators, no '..', not absolute)"
         )
     file = directory / file_name
     if file.is_symlink():
         raise StoreError(
             f"{directory / MANIFEST}: array {name!r} is stored in {file_name!r}, "
             f"a symbolic link; the arrays of the store {directory} must be plain "
-            "files inside it",
+            "files inside it"
         )
     if not file.is_file():
         raise StoreError(f"{file}: missing")
@@ -241,13 +238,13 @@ def open_array(
     if header[0] != shape or header[2] != dtype or header[1]:
         raise StoreError(
             f"{file}: holds {header[2]} {header[0]}; the manifest records "
-            f"{dtype} {shape}",
+            f"{dtype} {shape}"
         )
     size = file.stat().st_size
     if size != offset + int(entry["bytes"]):
         raise StoreError(
             f"{file}: {size - offset} bytes of data, the manifest records "
-            f"{entry['bytes']} (truncated or corrupt)",
+            f"{entry['bytes']} (truncated or corrupt)"
         )
     if verify and _file_digest(file, offset) != entry["sha256"]:
         raise StoreError(f"{file}: SHA-256 differs from the manifest's (corrupt)")

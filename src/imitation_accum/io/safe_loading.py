@@ -241,15 +241,15 @@ def load_reward_net(
             f"cannot load the reward net in {str(source)!r} with "
             f"weights_only={weights_only}.{detail} Register its classes with "
             "imitation_accum.checkpoint.register_safe_classes, or pass "
-            "weights_only=False if you trust the file.",
+            "weights_only=False if you trust the file."
         ) from error
     except Exception as error:
         raise ValueError(
             f"cannot read the reward net in {str(source)!r}: "
-            f"{type(error).__name__}: {error}",
+            f"{type(error).__name__}: {error}"
         ) from error
     if not isinstance(net, reward_nets.RewardNet):
         raise TypeError(
-            f"{str(source)!r} holds a {type(net).__name__}, not an imitation RewardNet",
+            f"{str(source)!r} holds a {type(net).__name__}, not an imitation RewardNet"
         )
     return net.eval()

@@ -56,9 +56,7 @@ PREFERENCE_DEFAULTS: Dict[str, Any] = dict(
 )
 
 #: The preference trainer's arguments for a bfloat16 run on a GPU (``gpu_bf16``).
-GPU_BF16: Dict[str, Any] = {
-    "reward_trainer_kwargs": {"autocast_dtype": "bfloat16"},
-}
+GPU_BF16: Dict[str, Any] = {"reward_trainer_kwargs": {"autocast_dtype": "bfloat16"}}
 
 ADVERSARIAL_DEFAULTS: Dict[str, Any] = dict(
     total_timesteps=10_000_000,
@@ -216,9 +214,7 @@ def host_memory_bytes(
 
 
 def add_named_configs(
-    ex: Any,
-    fast: Dict[str, Any],
-    game_config: Callable[..., Dict[str, Any]],
+    ex: Any, fast: Dict[str, Any], game_config: Callable[..., Dict[str, Any]]
 ) -> None:
     """Replaces imitation's ``fast`` named config of ``ex`` and adds the Atari ones.
 
@@ -278,7 +274,7 @@ def _gpu(named_config: str, gib: int, pairs: int, per_pair: float) -> Preset:
         experiment="train_preference_comparisons",
         named_config=named_config,
         changes={
-            "reward_trainer_kwargs": {"minibatch_size": None, "memory_budget": budget},
+            "reward_trainer_kwargs": {"minibatch_size": None, "memory_budget": budget}
         },
         description=(
             f"`{named_config}` on a {gib} GB GPU: `memory_budget` {budget}; the "
@@ -358,7 +354,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             host = config_host_memory_bytes(config)["total"] / 2**30
             print(
                 f"| `configs/{name}.json` | {sizes} | {host:.1f} | "
-                f"{preset.description} |",
+                f"{preset.description} |"
             )
         return
     args.dir.mkdir(exist_ok=True)

@@ -141,9 +141,7 @@ train_reward_model_ex.add_named_config("gpu_bf16", presets.GPU_BF16)
 
 @train_reward_model_ex.config_hook
 def _check_config(
-    config: Dict[str, Any],
-    command_name: str,
-    logger: Any,
+    config: Dict[str, Any], command_name: str, logger: Any
 ) -> Dict[str, Any]:
     """Config hook: every key checked, and named if wrong, before anything is built.
 
@@ -155,7 +153,7 @@ def _check_config(
         raise ValueError(
             "dataset_path is required: a PreferenceDataset saved with "
             "PreferenceDataset.save (train_preference_comparisons with "
-            "save_preferences=True writes preferences.pkl)",
+            "save_preferences=True writes preferences.pkl)"
         )
     if path is not None and not pathlib.Path(path).exists():
         raise ValueError(f"dataset_path={path!r}: no such file")
@@ -190,8 +188,7 @@ train_reward_model_ex.config_hook(config_checks.check_environment)
 
 
 def load_preference_dataset(
-    path: str,
-    trust_pickle: bool = False,
+    path: str, trust_pickle: bool = False
 ) -> pc.PreferenceDataset:
     """Opens a frame store, or loads a pickle saved by imitation's dataset.
 
@@ -216,7 +213,7 @@ def load_preference_dataset(
             f"dataset_path={path!r} is a pickle, and loading a pickle runs any code "
             "it holds: set trust_pickle=True if you trust the file, or convert it "
             "once with python -m imitation_accum.scripts.convert_preferences "
-            f"{path} OUT and train on OUT",
+            f"{path} OUT and train on OUT"
         )
     return read_imitation_pickle(source, f"dataset_path={path!r}")
 
@@ -268,9 +265,7 @@ def dataset_fingerprint(dataset: Any, sampled_pairs: int = 8) -> str:
 
 
 def split_held_out(
-    n_pairs: int,
-    fraction: float,
-    seed: int,
+    n_pairs: int, fraction: float, seed: int
 ) -> Tuple[np.ndarray, np.ndarray]:
     """Splits ``range(n_pairs)`` into sorted training and held-out indices.
 
@@ -289,7 +284,7 @@ def split_held_out(
     if fraction > 0 and n_held_out == 0:
         raise ValueError(
             f"held_out_fraction={fraction} of {n_pairs} pairs holds out none; "
-            "raise it, or set it to 0 to hold out nothing",
+            "raise it, or set it to 0 to hold out nothing"
         )
     order = np.random.default_rng(seed).permutation(n_pairs)
     return np.sort(order[n_held_out:]), np.sort(order[:n_held_out])
@@ -311,18 +306,14 @@ def _environment_spaces(config: Mapping[str, Any]) -> types.SimpleNamespace:
     env = gym.make(config["gym_id"], **config["env_make_kwargs"])
     try:
         return types.SimpleNamespace(
-            observation_space=env.observation_space,
-            action_space=env.action_space,
+            observation_space=env.observation_space, action_space=env.action_space
         )
     finally:
         env.close()
 
 
 def _check_dataset(
-    dataset: pc.PreferenceDataset,
-    spaces: types.SimpleNamespace,
-    path: str,
-    gym_id: str,
+    dataset: pc.PreferenceDataset, spaces: types.SimpleNamespace, path: str, gym_id: str
 ) -> None:
     # Every pair checked against the environment, before any step.
     if isinstance(dataset, PreferenceDataset):
@@ -366,14 +357,12 @@ def _check_single_net(net: reward_nets.RewardNet) -> None:
     if any(isinstance(m, reward_nets.RewardEnsemble) for m in net.modules()):
         raise ValueError(
             "reward.net_cls: train_reward_model trains a single reward net, not a "
-            "RewardEnsemble; train each member as its own run",
+            "RewardEnsemble; train each member as its own run"
         )
 
 
 def _check_resumable(
-    state: checkpoint.TrainingState,
-    metadata: Mapping[str, Any],
-    path: str,
+    state: checkpoint.TrainingState, metadata: Mapping[str, Any], path: str
 ) -> None:
     # A checkpoint resumes only on the data and held-out split it was trained on.
     saved = state.metadata
@@ -385,7 +374,7 @@ def _check_resumable(
             f"{saved.get('dataset_path', 'another file')!r} (fingerprint "
             f"{old[:19]}), but dataset_path={metadata['dataset_path']!r} holds "
             f"other data (fingerprint {new[:19]}): resume with the dataset the "
-            "checkpoint was trained on",
+            "checkpoint was trained on"
         )
     for key, value in metadata.items():
         if key in ("dataset_fingerprint", "dataset_path"):  # above; a file may move
@@ -394,7 +383,7 @@ def _check_resumable(
             raise ValueError(
                 f"resume_from={path!r} was written for {key}="
                 f"{saved.get(key)!r}, but this run has {value!r}: resume "
-                "with the same dataset_path, held_out_fraction and held_out_seed",
+                "with the same dataset_path, held_out_fraction and held_out_seed"
             )
 
 
@@ -413,7 +402,7 @@ def _apply_configured_optimizer(
         key = "lr" if name == "lr" else f"optimizer_kwargs.{name}"
         custom_logger.log(
             f"Resuming with reward_trainer_kwargs.{key}={new!r}, not the "
-            f"checkpoint's {old!r}: the configured value is applied",
+            f"checkpoint's {old!r}: the configured value is applied"
         )
 
 
@@ -499,7 +488,7 @@ def train_reward_model(
                 f"dataset_path={dataset_path!r} has {len(dataset)} pairs; after "
                 f"holding out {len(held_out_idx)} (held_out_fraction="
                 f"{held_out_fraction}), {len(train_idx)} remain for training, fewer "
-                f"than one batch (reward_trainer_kwargs.batch_size={batch_size})",
+                f"than one batch (reward_trainer_kwargs.batch_size={batch_size})"
             )
         metadata = {
             "dataset_pairs": len(dataset),
