@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Tuple
 
 from imitation.rewards import reward_nets
 
+from imitation_accum.io import safe_loading
 from imitation_accum.nets import shaped
 
 _Target = Tuple[str, str]  # (module, attribute)
@@ -47,7 +48,6 @@ def _replacements() -> Dict[_Target, Any]:
 
     import imitation_accum
     from imitation_accum.integrations import demonstrations
-    from imitation_accum.io import safe_loading
 
     return {
         (pc.__name__, "_make_reward_trainer"): imitation_accum.make_reward_trainer,
@@ -62,10 +62,19 @@ def _replacements() -> Dict[_Target, Any]:
         (huggingface_utils.__name__, "TrajectoryDatasetSequence"): (
             demonstrations.TrajectoryDatasetSequence
         ),
-        (serialize.__name__, "load_reward"): safe_loading.loading_reward_nets(
+        (serialize.__name__, "load_reward"): _allowing_reward_nets(
             serialize.load_reward
         ),
     }
+
+
+def _allowing_reward_nets(load: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(load)
+    def safe_load(*args: Any, **kwargs: Any) -> Any:
+        with safe_loading.allowing_reward_nets():
+            return load(*args, **kwargs)
+
+    return safe_load
 
 
 def _is_image_reward_net(net_cls: object) -> bool:

@@ -14,7 +14,7 @@ import inspect
 import pathlib
 import pickle
 import warnings
-from typing import Any, Callable, Iterator, List, Mapping, Tuple, TypeVar, Union
+from typing import Any, Callable, Iterator, List, Mapping, Tuple, Union
 
 import gymnasium as gym
 import numpy as np
@@ -28,7 +28,6 @@ from imitation_accum.io.atomic import AnyPath, atomic_save
 from imitation_accum.nets import shaped as accum_reward_nets
 
 SafeGlobal = Union[Callable[..., Any], Tuple[Callable[..., Any], str]]
-_Function = TypeVar("_Function", bound=Callable[..., Any])
 
 #: Classes registered with :func:`register_safe_classes`.
 _registered: List[SafeGlobal] = []
@@ -119,24 +118,6 @@ def allowing_reward_nets() -> Iterator[None]:
     """
     with th.serialization.safe_globals([*_defaults(), *_registered]):
         yield
-
-
-def loading_reward_nets(function: _Function) -> _Function:
-    """``function`` (imitation's ``load_reward``) run in :func:`allowing_reward_nets`.
-
-    Args:
-        function: The loader.
-
-    Returns:
-        A function with the same signature.
-    """
-
-    @functools.wraps(function)
-    def load(*args: Any, **kwargs: Any) -> Any:
-        with allowing_reward_nets():
-            return function(*args, **kwargs)
-
-    return load  # type: ignore[return-value]
 
 
 def unwrapped(net: nn.Module) -> nn.Module:

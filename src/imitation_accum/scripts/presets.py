@@ -72,15 +72,9 @@ ADVERSARIAL_DEFAULTS: Dict[str, Any] = dict(
 
 
 def environment(game: str, raw: bool = False) -> Dict[str, Any]:
-    """The ``environment``, ``policy`` and ``rl`` ingredient configs for ``game``.
+    """The ``environment``, ``policy`` and ``rl`` configs for ALE game ``game``.
 
-    Args:
-        game: An ALE game name, such as ``"Pong"``.
-        raw: Play seals' score-masked game on raw 210x160x3 frames instead
-            (imitation issue #506).
-
-    Returns:
-        The three ingredient configs.
+    ``raw``: play seals' score-masked game on raw 210x160x3 frames (imitation #506).
     """
     return dict(
         environment=dict(
@@ -119,12 +113,7 @@ def preference_config(game: str, raw: bool = False) -> Dict[str, Any]:
     issue #506, in minibatches of 10 pairs (16.8 GiB of activations: a 24 GiB GPU);
     300 pairs of 20.4 MB keep 6.1 GB of host memory.
 
-    Args:
-        game: An ALE game name.
-        raw: Whether to play on raw frames (see :func:`environment`).
-
-    Returns:
-        The named config.
+    ``raw``: on raw frames (see :func:`environment`).
     """
     config = dict(**environment(game, raw), reward=reward(), **PREFERENCE_DEFAULTS)
     if raw:
@@ -143,12 +132,7 @@ def adversarial_config(game: str, raw: bool = False) -> Dict[str, Any]:
     ``CnnRewardNet``, under ``algorithm_specific`` (a top-level ``net_cls`` would
     override the algorithm's).
 
-    Args:
-        game: An ALE game name.
-        raw: Whether to play on raw frames (see :func:`environment`).
-
-    Returns:
-        The named config.
+    ``raw``: on raw frames (see :func:`environment`).
     """
     from imitation_accum.nets.shaped import CnnShapedRewardNet
 
@@ -329,11 +313,7 @@ def render(preset: Preset) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Rewrites the presets, or prints the README table with ``--table``.
-
-    Args:
-        argv: Arguments (``sys.argv[1:]`` if ``None``).
-    """
+    """Rewrites the presets, or prints the README table with ``--table`` (``argv``)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--table", action="store_true")
     parser.add_argument(
