@@ -42,15 +42,7 @@ def ale_games() -> List[str]:
 
 
 def env_id(game: str, *, masked: bool = True) -> str:
-    """The id of the preprocessed environment of ``game`` (``masked``: score hidden).
-
-    Args:
-        game: A game name as in ALE ids, such as ``"Pong"``.
-        masked: The id of the variant whose score is masked.
-
-    Returns:
-        ``"imitation_accum/<game>NoFrameskip-v4"`` (``-Unmasked-v4`` if not masked).
-    """
+    """``imitation_accum/<game>NoFrameskip-v4`` (``-Unmasked-v4`` unless ``masked``)."""
     return f"{NAMESPACE}/{game}NoFrameskip{'' if masked else '-Unmasked'}-v4"
 
 

@@ -57,15 +57,9 @@ def _numpy_globals() -> List[SafeGlobal]:
         # Files written under numpy 1.x name these numpy.core.multiarray.*.
         found.append((function, f"numpy.core.multiarray.{name}"))
     found += [v for v in vars(np.dtypes).values() if inspect.isclass(v)]
-    found += [
-        np.random.Generator,
-        np.random.PCG64,
-        np.random.PCG64DXSM,
-        np.random.MT19937,
-        np.random.Philox,
-        np.random.SFC64,
-        bit_generator.SeedSequence,
-    ]
+    found += [np.random.Generator, bit_generator.SeedSequence]
+    found += [np.random.PCG64, np.random.PCG64DXSM, np.random.MT19937]
+    found += [np.random.Philox, np.random.SFC64]
     optional = [
         (random_pickle, "__generator_ctor"),
         (random_pickle, "__bit_generator_ctor"),
