@@ -113,7 +113,7 @@ def preference_config(game: str, raw: bool = False) -> Dict[str, Any]:
     issue #506, in minibatches of 10 pairs (16.8 GiB of activations: a 24 GiB GPU);
     300 pairs of 20.4 MB keep 6.1 GB of host memory.
 
-    ``raw``: on raw frames (see :func:`environment`).
+    ``raw``: on raw frames, as :func:`environment`.
     """
     config = dict(**environment(game, raw), reward=reward(), **PREFERENCE_DEFAULTS)
     if raw:
@@ -132,7 +132,7 @@ def adversarial_config(game: str, raw: bool = False) -> Dict[str, Any]:
     ``CnnRewardNet``, under ``algorithm_specific`` (a top-level ``net_cls`` would
     override the algorithm's).
 
-    ``raw``: on raw frames (see :func:`environment`).
+    ``raw``: on raw frames, as :func:`environment`.
     """
     from imitation_accum.nets.shaped import CnnShapedRewardNet
 
@@ -219,16 +219,14 @@ CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[3] / "configs"
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-    """A JSON preset: a named config of an experiment, with some keys changed.
+    """A JSON preset of preference comparisons: a named config, some keys changed.
 
     Args:
-        experiment: The experiment module's name.
         named_config: The named config it starts from.
         changes: Keys changed (nested dictionaries are merged).
         description: What it is for (the README's table).
     """
 
-    experiment: str
     named_config: str
     changes: Mapping[str, Any]
     description: str
@@ -255,7 +253,6 @@ def _gpu(named_config: str, gib: int, pairs: int, per_pair: float) -> Preset:
     # allocator; the reward trainer's planner sizes minibatches to the rest.
     budget = f"{int(0.75 * gib)}GiB"
     return Preset(
-        experiment="train_preference_comparisons",
         named_config=named_config,
         changes={
             "reward_trainer_kwargs": {"minibatch_size": None, "memory_budget": budget}
@@ -269,7 +266,6 @@ def _gpu(named_config: str, gib: int, pairs: int, per_pair: float) -> Preset:
 
 
 QUICKSTART = Preset(
-    experiment="train_preference_comparisons",
     named_config="atari_pong",
     changes=dict(
         total_timesteps=4096,
