@@ -526,10 +526,9 @@ def train_reward_model(
             custom_logger.log(f"Resuming from {resume_from} after epoch {first_epoch}")
             _apply_configured_optimizer(trainer, reward_trainer_kwargs, custom_logger)
 
-        checkpoint_dir = None if log_dir is None else log_dir / "checkpoints"
         state_path = None
-        if checkpoint_dir is not None and checkpoint_interval >= 0:
-            state_path = checkpoint_dir / checkpoint.TRAINING_STATE_NAME
+        if log_dir is not None and checkpoint_interval >= 0:
+            state_path = log_dir / "checkpoints" / checkpoint.TRAINING_STATE_NAME
             checkpoint.remove_stale_temporaries(state_path)
 
         def save_state(epoch: int) -> None:
@@ -557,14 +556,14 @@ def train_reward_model(
             if periodic or epoch == epochs:
                 save_state(epoch)
 
+        if first_epoch >= epochs:  # nothing trained: still leave a state
+            save_state(first_epoch)
         results: Dict[str, Any] = {"epochs": epochs, "held_out": history}
-        if checkpoint_dir is not None:
-            final = checkpoint_dir / "final" / "reward_net.pt"
+        if log_dir is not None:
+            final = log_dir / "checkpoints" / "final" / "reward_net.pt"
             results["reward_net"] = str(checkpoint.save_reward_net(net, final))
-            if state_path is not None:
-                if first_epoch >= epochs:  # nothing trained: still leave a state
-                    save_state(first_epoch)
-                results["training_state"] = str(state_path)
+        if state_path is not None:
+            results["training_state"] = str(state_path)
         return results
 
 
