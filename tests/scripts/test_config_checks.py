@@ -16,7 +16,7 @@ from sacred import initialize
 from imitation_accum import CrossEntropyRewardTrainer
 from imitation_accum.integrations.patching import patched
 from imitation_accum.planning import budget
-from imitation_accum.scripts import experiment, offline_data
+from imitation_accum.scripts import experiment
 from imitation_accum.scripts import train_reward_model as script
 from imitation_accum.scripts.train_adversarial import train_adversarial_ex
 from imitation_accum.scripts.train_preference_comparisons import (
@@ -241,7 +241,7 @@ def test_empty_dataset_is_named(tmp_path):
 @pytest.mark.parametrize("part", ["train", "held_out"])
 def test_a_bad_pair_is_named_by_its_file_index(tmp_path, preferences_path, part):
     data = pc.PreferenceDataset.load(preferences_path)
-    train, held_out = offline_data.split_held_out(len(data), 0.25, 0)
+    train, held_out = script.split_held_out(len(data), 0.25, 0)
     index = int((train if part == "train" else held_out)[-1])
     bad = data.fragments2[index]
     bad.obs[3, 0] = np.nan

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from imitation.util import util
 
-from imitation_accum.scripts import atari_configs
+from imitation_accum.scripts import presets
 from imitation_accum.scripts.train_adversarial import train_adversarial_ex
 from imitation_accum.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex,
@@ -68,6 +68,4 @@ def test_gpu_bf16_named_config(tmp_path, monkeypatch):
     )
     assert run.config["reward_trainer_kwargs"]["autocast_dtype"] == "bfloat16"
     assert train_reward_model_ex.named_configs["gpu_bf16"] is not None
-    assert atari_configs.GPU_BF16["reward_trainer_kwargs"]["autocast_dtype"] == (
-        "bfloat16"
-    )
+    assert presets.GPU_BF16["reward_trainer_kwargs"]["autocast_dtype"] == ("bfloat16")

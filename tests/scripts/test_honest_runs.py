@@ -8,7 +8,7 @@ import pytest
 from imitation.algorithms import preference_comparisons as pc
 
 from imitation_accum import checkpoint
-from imitation_accum.io import fingerprint
+from imitation_accum.scripts import train_reward_model as script
 from tests.scripts.test_train_reward_model import (  # noqa: F401
     preferences_path,
     run,
@@ -32,16 +32,14 @@ def test_fingerprint_tells_same_sized_datasets_apart(
     preferences_path, other_preferences_path
 ):
     same = pc.PreferenceDataset.load(preferences_path)
-    a = fingerprint.dataset_fingerprint(same)
-    assert a == fingerprint.dataset_fingerprint(
-        pc.PreferenceDataset.load(preferences_path)
-    )
-    assert a != fingerprint.dataset_fingerprint(
+    a = script.dataset_fingerprint(same)
+    assert a == script.dataset_fingerprint(pc.PreferenceDataset.load(preferences_path))
+    assert a != script.dataset_fingerprint(
         pc.PreferenceDataset.load(other_preferences_path)
     )
     flipped = pc.PreferenceDataset.load(preferences_path)
     flipped.preferences = 1 - np.asarray(flipped.preferences)
-    assert a != fingerprint.dataset_fingerprint(flipped)
+    assert a != script.dataset_fingerprint(flipped)
 
 
 def test_fingerprint_of_a_store_is_its_own():
@@ -52,15 +50,15 @@ def test_fingerprint_of_a_store_is_its_own():
         def __len__(self):
             raise AssertionError("a store's own fingerprint needs no reading")
 
-    assert fingerprint.dataset_fingerprint(Store()) == "manifest:abc"
+    assert script.dataset_fingerprint(Store()) == "manifest:abc"
 
 
 def test_fingerprint_of_a_plain_sequence_of_pairs(preferences_path):
     data = pc.PreferenceDataset.load(preferences_path)
     items = [data[i] for i in range(len(data))]
-    assert fingerprint.dataset_fingerprint(items).startswith("sha256:")
+    assert script.dataset_fingerprint(items).startswith("sha256:")
     items[39] = ((items[39][0][1], items[39][0][0]), items[39][1])
-    assert fingerprint.dataset_fingerprint(items) != fingerprint.dataset_fingerprint(
+    assert script.dataset_fingerprint(items) != script.dataset_fingerprint(
         [data[i] for i in range(len(data))]
     )
 

@@ -8,7 +8,7 @@ import pytest
 from imitation.data import types
 
 from imitation_accum import PreferenceDataset
-from imitation_accum.scripts import atari_configs, presets
+from imitation_accum.scripts import presets
 from imitation_accum.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex as ex,
 )
@@ -71,16 +71,16 @@ def test_quickstart_preset_runs_fast(tmp_path):
 @pytest.mark.parametrize("name", sorted(presets.PRESETS))
 def test_preset_frames_fit_16_gib_of_host_memory(name):
     config = presets.PRESETS[name].config()
-    frames = atari_configs.config_host_memory_bytes(config)
+    frames = presets.config_host_memory_bytes(config)
     # Frames kept for preferences and for one iteration of agent training, leaving
     # 4 GiB for the processes themselves.
     assert frames["total"] < 12 * 2**30
 
 
 def test_full_dataset_is_kept_in_the_frame_store():
-    config = atari_configs.preference_config("Pong")
+    config = presets.preference_config("Pong")
     assert config["comparison_queue_size"] is None  # all 5,000
-    dataset = atari_configs.config_host_memory_bytes(config)["dataset"]
+    dataset = presets.config_host_memory_bytes(config)["dataset"]
     # Measured: two of the configured environment's fragments pushed into a store.
     env = gym.make(config["environment"]["gym_id"])
     try:

@@ -10,7 +10,7 @@ from imitation_accum import checkpoint
 from imitation_accum.adversarial import trainers as adversarial
 from imitation_accum.integrations import demonstrations
 from imitation_accum.nets.shaped import CnnShapedRewardNet
-from imitation_accum.scripts import atari_configs
+from imitation_accum.scripts import presets
 from imitation_accum.scripts.train_adversarial import train_adversarial_ex as ex
 from tests.scripts import helpers
 
@@ -70,7 +70,7 @@ def ex_class(algorithm):
 # Every game's named config with one algorithm (alternating), Pong's with both.
 # The games' configs differ only in the environment: by default Pong runs (and
 # unwrapped Pong, below); the other games with `-m expensive`.
-GAMES = sorted(atari_configs.GAMES)
+GAMES = sorted(presets.GAMES)
 ATARI = [
     *[
         pytest.param(
@@ -123,7 +123,7 @@ def test_atari_named_config(
     algorithm,
     disc_steps,
 ):
-    game = atari_configs.GAMES.get(named_config, "Pong")
+    game = presets.GAMES.get(named_config, "Pong")
     gym_id = f"{namespace}/{game}NoFrameskip-v4"
     run = helpers.run(
         ex,

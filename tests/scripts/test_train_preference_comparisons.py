@@ -9,7 +9,7 @@ from stable_baselines3 import PPO
 
 import imitation_accum
 from imitation_accum import checkpoint
-from imitation_accum.scripts import atari_configs
+from imitation_accum.scripts import presets
 from imitation_accum.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex as ex,
 )
@@ -72,7 +72,7 @@ ATARI = [
             {} if name == "atari_pong" else NARROW,
             marks=() if name in DEFAULT_GAMES else pytest.mark.expensive,
         )
-        for name in atari_configs.GAMES
+        for name in presets.GAMES
     ],
     ("atari_pong_unwrapped", (210, 160, 3), NARROW),
 ]
@@ -112,7 +112,7 @@ def test_atari_named_config(tmp_path, named_config, frame_shape, reward):
         assert fragment.obs.shape[1:] == frame_shape
 
 
-@pytest.mark.parametrize("named_config", [*atari_configs.GAMES, "atari_pong_unwrapped"])
+@pytest.mark.parametrize("named_config", [*presets.GAMES, "atari_pong_unwrapped"])
 def test_atari_named_config_prints(named_config, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ex.run("print_config", named_configs=[named_config])

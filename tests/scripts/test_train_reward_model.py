@@ -19,7 +19,6 @@ from imitation.util import util
 import imitation_accum
 from imitation_accum import PreferenceDataset, checkpoint, distributed
 from imitation_accum.distributed import process_group
-from imitation_accum.scripts import offline_data
 from imitation_accum.scripts import train_reward_model as script
 from imitation_accum.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex as preference_ex,
@@ -80,7 +79,7 @@ def run(
 def held_out_loss(net, dataset_path, fraction, seed):
     """The mean cross-entropy of ``net`` on the held-out pairs, computed plainly."""
     dataset = pc.PreferenceDataset.load(dataset_path)
-    _, held_out = offline_data.split_held_out(len(dataset), fraction, seed)
+    _, held_out = script.split_held_out(len(dataset), fraction, seed)
     pairs, prefs = ref.batch_of(dataset, held_out)
     with th.no_grad():
         return float(ref.full_batch_loss(net.eval(), pairs, prefs))

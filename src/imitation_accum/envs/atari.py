@@ -1,33 +1,17 @@
 """Fixed-horizon, score-masked Atari environments for reward learning.
 
-imitation rejects episodes of varying length (their ends leak the reward), and a
-visible score leaks the reward into the frames. seals provides both fixes for Atari
-(``seals.util.AutoResetWrapper``, ``seals.util.MaskScoreWrapper`` and the score
-regions of ``seals.atari``), but with ale-py 0.9.1 it registers none of its ids.
-Importing this module registers, for every ``<Game>NoFrameskip-v4`` id of ale-py:
+imitation rejects episodes of varying length, and a visible score leaks the reward.
+seals fixes both for Atari, but with ale-py 0.9.1 registers none of its ids.
+Importing this module registers, for every ale-py ``<Game>NoFrameskip-v4``:
 
 - ``seals/<Game>NoFrameskip-v4`` (games with a known score region) and
-  ``seals/<Game>NoFrameskip-Unmasked-v4``: seals' own environments, raw 210x160x3
-  frames, registered with seals' own code;
-- ``imitation_accum/<Game>NoFrameskip-v4`` (games with a known score region) and
-  ``imitation_accum/<Game>NoFrameskip-Unmasked-v4``: the seals environment under
-  Stable Baselines3's standard Atari preprocessing (no-op reset, frame skip 4 with
-  max-pooling, 84x84 grayscale) and a stack of the last 4 frames on the channel
-  axis: uint8 observations of shape ``(84, 84, 4)``, the height-width-channel
-  layout that ``CnnRewardNet`` (``hwc_format=True``) reads and that SB3 transposes
-  (``VecTransposeImage``) for its CNN policies. Further keyword arguments, also
-  given through imitation's ``environment.env_make_kwargs``: see
-  :func:`make_atari_env`.
+  ``seals/<Game>NoFrameskip-Unmasked-v4``: seals' environments, raw 210x160x3 frames;
+- ``imitation_accum/<Game>NoFrameskip-v4`` and ``...-Unmasked-v4``: the same under
+  SB3's standard Atari preprocessing (see :func:`make_atari_env`), uint8
+  observations of shape ``(84, 84, 4)`` (the layout ``CnnRewardNet`` reads).
 
-Episodes never end on their own: ``environment.max_episode_steps`` (a
-``TimeLimit``) fixes their length, ``DEFAULT_HORIZON`` agent steps by default.
-
-Example:
-    >>> import gymnasium as gym
-    >>> import imitation_accum.envs.atari  # registers the ids  # doctest: +SKIP
-    >>> env = gym.make("imitation_accum/PongNoFrameskip-v4")  # doctest: +SKIP
-    >>> env.observation_space.shape  # doctest: +SKIP
-    (84, 84, 4)
+Episodes never end on their own: ``environment.max_episode_steps`` (a ``TimeLimit``)
+fixes their length, ``DEFAULT_HORIZON`` agent steps by default.
 """
 
 import re
@@ -47,47 +31,23 @@ _ALE_ID = re.compile(r"^(?P<game>[A-Za-z]+)NoFrameskip-v4$")
 
 
 def masked_games() -> List[str]:
-    """Games whose score region seals knows, so their score can be masked.
-
-    Returns:
-        Game names as in ALE ids (``"Pong"``, ``"SpaceInvaders"``, ...), sorted.
-    """
+    """Games whose score region seals knows (ALE names such as ``"Pong"``), sorted."""
     return sorted(seals.atari.SCORE_REGIONS)
 
 
 def ale_games() -> List[str]:
-    """Every game ale-py registers a ``<Game>NoFrameskip-v4`` id for.
-
-    Returns:
-        Game names, sorted.
-    """
+    """Every game ale-py registers a ``<Game>NoFrameskip-v4`` id for, sorted."""
     games = (_ALE_ID.match(env_id) for env_id in gym.registry)
     return sorted(m.group("game") for m in games if m is not None)
 
 
 def env_id(game: str, *, masked: bool = True) -> str:
-    """The id of the preprocessed, fixed-horizon environment of ``game``.
-
-    Args:
-        game: A game name as in ALE ids, such as ``"Pong"``.
-        masked: The id of the variant whose score is masked.
-
-    Returns:
-        ``"imitation_accum/<game>NoFrameskip-v4"``, or
-        ``"imitation_accum/<game>NoFrameskip-Unmasked-v4"``.
-    """
+    """``imitation_accum/<game>NoFrameskip-v4`` (``-Unmasked-v4`` unless ``masked``)."""
     return f"{NAMESPACE}/{game}NoFrameskip{'' if masked else '-Unmasked'}-v4"
 
 
 def game_of(gym_id: str) -> Optional[str]:
-    """The game behind an Atari id of this module, seals or ale-py.
-
-    Args:
-        gym_id: Any gymnasium id.
-
-    Returns:
-        The game name, or ``None`` if ``gym_id`` is not a ``NoFrameskip-v4`` id.
-    """
+    """The game behind an Atari ``gym_id`` of this module, seals or ale-py (or None)."""
     name = gym_id.split(":")[-1].split("/")[-1].replace("-Unmasked", "")
     match = _ALE_ID.match(name)
     return match.group("game") if match else None
@@ -96,10 +56,9 @@ def game_of(gym_id: str) -> Optional[str]:
 class FrameStack(gym.ObservationWrapper):
     """Stacks the last ``n_stack`` frames on the channel (last) axis.
 
-    A single-environment form of SB3's ``VecFrameStack`` (it reuses SB3's
-    ``StackedObservations``), so that the stack is part of the environment that
-    imitation's ``make_vec_env`` builds. Episodes here never end (the horizon is a
-    ``TimeLimit`` outside), so the stack is cleared only on ``reset``.
+    SB3's ``VecFrameStack`` for one environment, so that imitation's
+    ``make_vec_env`` builds it. Episodes never end here: the stack is cleared only
+    on ``reset``.
 
     Args:
         env: An environment with channel-last image observations.
@@ -128,7 +87,7 @@ class FrameStack(gym.ObservationWrapper):
 
 
 class _NoTermination(gym.Wrapper):
-    """Checks that the inner environment never ends an episode on its own."""
+    # Checks that the inner environment never ends an episode on its own.
 
     def step(self, action: Any) -> Tuple[Any, SupportsFloat, bool, bool, dict]:
         obs, rew, terminated, truncated, info = self.env.step(action)
@@ -150,10 +109,8 @@ def make_atari_env(
 ) -> gym.Env:
     """The fixed-horizon, optionally score-masked, preprocessed Atari environment.
 
-    seals' environment (ALE frames, score masked, auto-reset at game over, so that
-    no episode ends early), then SB3's ``AtariWrapper`` (never ending an episode on
-    a lost life), then a stack of the last ``frame_stack`` frames. The score is
-    masked on the raw 210x160 frame, before it is resized.
+    seals' environment (score masked on the raw frame, auto-reset at game over),
+    then SB3's ``AtariWrapper`` (a lost life ends nothing), then a frame stack.
 
     Args:
         game_id: An ale-py ``<Game>NoFrameskip-v4`` id.
@@ -162,8 +119,7 @@ def make_atari_env(
         screen_size: Side of the square grayscale frame.
         frame_stack: Frames stacked on the channel axis.
         noop_max: At most this many no-ops after a reset.
-        clip_reward: Clip rewards to their sign (the unclipped game score is the
-            ground truth that synthetic preferences and evaluation see).
+        clip_reward: Clip rewards to their sign (the ground truth stays unclipped).
         ale_kwargs: Passed to ``gym.make`` of the ALE environment.
 
     Returns:
@@ -175,7 +131,7 @@ def make_atari_env(
     """
     if masked and game_of(game_id) not in seals.atari.SCORE_REGIONS:
         raise ValueError(
-            f"the score region of {game_id} is unknown; known: {masked_games()}",
+            f"the score region of {game_id} is unknown; known: {masked_games()}"
         )
     env = seals.atari.make_atari_env(game_id, masked, **ale_kwargs)
     env = _NoTermination(env)
@@ -214,15 +170,7 @@ def register_envs() -> None:
 
 
 def unknown_id_message(gym_id: str, suggestions: Sequence[str]) -> str:
-    """A message for an id that is not registered, with near matches.
-
-    Args:
-        gym_id: The id asked for.
-        suggestions: Near matches (may be empty).
-
-    Returns:
-        The message.
-    """
+    """The message for an unregistered ``gym_id``, with near matches and Atari ids."""
     hint = f"; did you mean {' or '.join(repr(s) for s in suggestions)}?"
     return (
         f"environment.gym_id={gym_id!r} is not a registered environment"

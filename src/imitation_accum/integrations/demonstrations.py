@@ -1,19 +1,12 @@
 r"""Local demonstrations for AIRL and GAIL: make them, and load them compactly.
 
-imitation's experiments load experts from a model hub; offline, AIRL and GAIL read
-demonstrations from a local file instead (``demonstrations.source=local``,
-``demonstrations.path=...``), in imitation's own format
-(``imitation.data.serialize.save``). :func:`make_demonstrations` rolls a policy out
-in an environment and saves such a file; from the command line::
+AIRL and GAIL read demonstrations offline from a file in imitation's format
+(``demonstrations.source=local demonstrations.path=...``), which
+:func:`make_demonstrations` writes; from the command line::
 
     python -m imitation_accum.integrations.demonstrations \
         --gym-id imitation_accum/PongNoFrameskip-v4 --episodes 20 --out demos/pong \
         --policy-type ppo --policy-path path/to/model.zip
-
-imitation's loader turns saved uint8 frames into int64 (8 times the memory) through
-Python lists; :class:`TrajectoryDatasetSequence`, which
-:func:`imitation_accum.patch` installs in its place, keeps the saved dtypes and
-reads the arrays straight from Arrow.
 """
 
 import argparse
@@ -34,7 +27,7 @@ _ARRAY_FIELDS = ("obs", "acts", "rews")
 
 
 def _list_array_to_numpy(column: pa.ChunkedArray) -> np.ndarray:
-    """One row of a nested-list Arrow column as an array of the stored dtype."""
+    # One row of a nested-list Arrow column as an array of the stored dtype.
     array = column.combine_chunks()
     shape = [len(array)]
     while pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
@@ -47,12 +40,11 @@ def _list_array_to_numpy(column: pa.ChunkedArray) -> np.ndarray:
 
 
 class TrajectoryDatasetSequence(huggingface_utils.TrajectoryDatasetSequence):
-    """Saved trajectories with the dtypes they were saved with.
+    """imitation's ``TrajectoryDatasetSequence``, keeping the dtypes saved.
 
-    A drop-in for imitation's ``TrajectoryDatasetSequence`` (what
-    ``imitation.data.serialize.load`` returns for a saved dataset): observations,
-    actions and rewards are read from Arrow as arrays of their stored dtype (uint8
-    frames stay uint8) instead of through Python lists as int64.
+    Observations, actions and rewards are read from Arrow as arrays (uint8 frames
+    stay uint8), where imitation's goes through Python lists to int64; ``patch()``
+    installs it as what ``imitation.data.serialize.load`` returns.
 
     Args:
         dataset: The HuggingFace ``datasets.Dataset`` that
@@ -87,18 +79,13 @@ class TrajectoryDatasetSequence(huggingface_utils.TrajectoryDatasetSequence):
 
 
 def rollout_demonstrations(
-    venv: vec_env.VecEnv,
-    policy: Any,
-    *,
-    n_episodes: int,
-    rng: np.random.Generator,
+    venv: vec_env.VecEnv, policy: Any, *, n_episodes: int, rng: np.random.Generator
 ) -> List[types.TrajectoryWithRew]:
     """Rolls ``policy`` out for at least ``n_episodes`` complete episodes.
 
     Args:
         venv: The environment, as the trainer will see it.
-        policy: Anything imitation's ``rollout`` accepts (an SB3 policy or
-            algorithm, or a callable).
+        policy: Anything imitation's ``rollout`` accepts.
         n_episodes: Minimum number of complete episodes.
         rng: Draws the order in which finished episodes are returned.
 
@@ -125,22 +112,15 @@ def make_demonstrations(
     max_episode_steps: Optional[int] = None,
     seed: int = 0,
 ) -> Sequence[types.TrajectoryWithRew]:
-    """Rolls a policy out in ``gym_id`` and saves the episodes to ``path``.
-
-    The file is what ``demonstrations.source=local demonstrations.path=PATH``
-    reads. The environment is built as imitation's environment ingredient builds
-    it, so its observations match the trainer's.
+    """Rolls a policy out in ``gym_id`` (built as imitation builds it) and saves it.
 
     Args:
         path: Where to save (a directory, imitation's format).
         gym_id: The environment (``environment.gym_id`` of the training run).
         n_episodes: Minimum number of complete episodes.
-        policy_type: imitation's policy type: ``"random"``, ``"zero"``, ``"ppo"``,
-            ``"sac"``, ...
-        policy_path: The saved policy for ``"ppo"`` or ``"sac"`` (imitation's
-            ``expert.loader_kwargs.path``).
-        max_episode_steps: The fixed horizon (``environment.max_episode_steps``);
-            ``None`` keeps the environment's own.
+        policy_type: imitation's policy type (``"random"``, ``"ppo"``, ...).
+        policy_path: The saved policy for ``"ppo"`` or ``"sac"``.
+        max_episode_steps: The fixed horizon; ``None`` keeps the environment's.
         seed: Seeds the environment and the rollout.
 
     Returns:
@@ -148,19 +128,13 @@ def make_demonstrations(
     """
     rng = np.random.default_rng(seed)
     venv = util.make_vec_env(
-        gym_id,
-        rng=rng,
-        n_envs=1,
-        max_episode_steps=max_episode_steps,
+        gym_id, rng=rng, n_envs=1, max_episode_steps=max_episode_steps
     )
     try:
         loader_kwargs = {} if policy_path is None else {"path": policy_path}
         policy = policies_serialize.load_policy(policy_type, venv, **loader_kwargs)
         trajectories = rollout_demonstrations(
-            venv,
-            policy,
-            n_episodes=n_episodes,
-            rng=rng,
+            venv, policy, n_episodes=n_episodes, rng=rng
         )
     finally:
         venv.close()
@@ -169,11 +143,7 @@ def make_demonstrations(
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Command line for :func:`make_demonstrations`.
-
-    Args:
-        argv: Arguments (``sys.argv[1:]`` if ``None``).
-    """
+    """Command line for :func:`make_demonstrations` (``argv``: ``sys.argv[1:]``)."""
     parser = argparse.ArgumentParser(description=make_demonstrations.__doc__)
     parser.add_argument("--gym-id", required=True, help="environment.gym_id")
     parser.add_argument("--out", dest="path", required=True, help="where to save")

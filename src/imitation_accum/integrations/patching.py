@@ -1,40 +1,15 @@
-"""Swap this package's trainers into imitation, reversibly.
+"""Swap this package's trainers into imitation, reversibly (``docs/patching.md``).
 
-Unmodified imitation code (its Python API and its sacred experiments) then trains
-with this package's exact accumulation. While patched, in imitation's modules:
-
-- ``algorithms.preference_comparisons._make_reward_trainer`` is
-  :func:`imitation_accum.make_reward_trainer`, ``BasicRewardTrainer`` is
-  :class:`imitation_accum.CrossEntropyRewardTrainer` and ``EnsembleTrainer`` is
-  :class:`imitation_accum.EnsembleTrainer`, and ``PreferenceDataset`` (what
-  ``PreferenceComparisons`` keeps its comparisons in) is
-  :class:`imitation_accum.PreferenceDataset`, the frame store (imitation's
-  experiment then saves ``preferences.pkl`` as a frame-store directory);
-- ``algorithms.adversarial.airl.AIRL`` and ``algorithms.adversarial.gail.GAIL`` are
-  :class:`imitation_accum.AIRL` and :class:`imitation_accum.GAIL`;
-- ``scripts.ingredients.reward._make_reward_net`` (with a config hook of the reward
-  ingredient) gives CNN reward nets no ``normalize_input_layer``, which imitation
-  always adds and they reject (a configured one is an error that names the key);
-- ``data.huggingface_utils.TrajectoryDatasetSequence`` (what
-  ``data.serialize.load`` returns) is this package's
-  :class:`~imitation_accum.integrations.demonstrations.TrajectoryDatasetSequence`,
-  which loads saved uint8 frames as uint8 (imitation's makes them int64);
-- ``rewards.serialize.load_reward`` loads with the reward-net classes allowed
-  (:func:`~imitation_accum.io.safe_loading.allowing_reward_nets`), so on torch
-  2.6 and later, which load with ``weights_only=True``, it reads the reward nets
-  imitation saves. Outside it, torch's allow-list is untouched.
-
-Names are looked up in imitation's modules when imitation's code runs, so patching
-reaches ``preference_comparisons.PreferenceComparisons`` (which builds its default
-trainer with ``_make_reward_trainer``) and imitation's scripts. A name imported
-*before* patching (``from imitation.algorithms.adversarial.airl import AIRL``) still
-refers to imitation's class. Patching is process-wide.
+While patched, imitation's modules name this package's reward trainers, AIRL, GAIL
+and ``PreferenceDataset`` (the frame store); its reward ingredient builds CNN reward
+nets without the ``normalize_input_layer`` they reject; ``data.serialize.load``
+keeps saved uint8 frames uint8; and ``rewards.serialize.load_reward`` allows the
+reward-net classes (:func:`~imitation_accum.io.safe_loading.allowing_reward_nets`).
+Names are looked up in imitation's modules when its code runs, so patching reaches
+its scripts; a name imported before patching keeps imitation's object. Patching is
+process-wide.
 
 Example:
-    >>> import imitation_accum  # doctest: +SKIP
-    >>> from imitation.scripts.train_preference_comparisons import (  # doctest: +SKIP
-    ...     train_preference_comparisons_ex,
-    ... )
     >>> with imitation_accum.patched():  # doctest: +SKIP
     ...     train_preference_comparisons_ex.run(
     ...         named_configs=["pendulum"],
@@ -43,14 +18,24 @@ Example:
 """
 
 import contextlib
+import functools
 import importlib
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Tuple
+
+from imitation.rewards import reward_nets
+
+from imitation_accum.io import safe_loading
+from imitation_accum.nets import shaped
 
 _Target = Tuple[str, str]  # (module, attribute)
 
 # The original attributes, saved while patched; empty when not patched.
 _originals: Dict[_Target, Any] = {}
 _undo: List[Callable[[], None]] = []
+
+# Reward nets that read images and take no input normalization layer.
+_IMAGE_REWARD_NETS = (reward_nets.CnnRewardNet, shaped.CnnShapedRewardNet)
+_NORM_KEY = "reward.net_kwargs.normalize_input_layer"
 
 
 def _replacements() -> Dict[_Target, Any]:
@@ -63,8 +48,6 @@ def _replacements() -> Dict[_Target, Any]:
 
     import imitation_accum
     from imitation_accum.integrations import demonstrations
-    from imitation_accum.integrations import reward_ingredient as ingredients
-    from imitation_accum.io import safe_loading
 
     return {
         (pc.__name__, "_make_reward_trainer"): imitation_accum.make_reward_trainer,
@@ -74,23 +57,75 @@ def _replacements() -> Dict[_Target, Any]:
         (airl.__name__, "AIRL"): imitation_accum.AIRL,
         (gail.__name__, "GAIL"): imitation_accum.GAIL,
         (reward_ingredient.__name__, "_make_reward_net"): (
-            ingredients.reward_net_builder(reward_ingredient._make_reward_net)
+            _reward_net_builder(reward_ingredient._make_reward_net)
         ),
         (huggingface_utils.__name__, "TrajectoryDatasetSequence"): (
             demonstrations.TrajectoryDatasetSequence
         ),
-        (serialize.__name__, "load_reward"): safe_loading.loading_reward_nets(
+        (serialize.__name__, "load_reward"): _allowing_reward_nets(
             serialize.load_reward
         ),
     }
 
 
-def is_patched() -> bool:
-    """Whether imitation is patched now.
+def _allowing_reward_nets(load: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(load)
+    def safe_load(*args: Any, **kwargs: Any) -> Any:
+        with safe_loading.allowing_reward_nets():
+            return load(*args, **kwargs)
 
-    Returns:
-        ``True`` between :func:`patch` and :func:`unpatch`.
-    """
+    return safe_load
+
+
+def _is_image_reward_net(net_cls: object) -> bool:
+    return isinstance(net_cls, type) and issubclass(net_cls, _IMAGE_REWARD_NETS)
+
+
+def _no_input_norm(net_cls: type, layer: object) -> None:
+    if layer is not None:
+        raise ValueError(
+            f"{_NORM_KEY}={getattr(layer, '__name__', layer)!r}: {net_cls.__name__} "
+            "reads images and has no input normalization; set it to None"
+        )
+
+
+def _reward_net_builder(make_reward_net: Callable[..., Any]) -> Callable[..., Any]:
+    # imitation's reward._make_reward_net, leaving a CNN net's
+    # normalize_input_layer=None out of its arguments.
+    @functools.wraps(make_reward_net)
+    def build(
+        venv: Any,
+        net_cls: type,
+        net_kwargs: Mapping[str, Any],
+        normalize_output_layer: Any,
+    ) -> Any:
+        if _is_image_reward_net(net_cls):
+            net_kwargs = dict(net_kwargs)
+            _no_input_norm(net_cls, net_kwargs.pop("normalize_input_layer", None))
+        return make_reward_net(venv, net_cls, net_kwargs, normalize_output_layer)
+
+    return build
+
+
+def _reward_config_hook(
+    config: Dict[str, Any], command_name: str, logger: Any
+) -> Dict[str, Any]:
+    # imitation's own hook gives every net normalize_input_layer=RunningNorm
+    # unless the config names one; this one, run after it, sets it to None for
+    # CNN reward nets and rejects a configured layer.
+    del logger
+    reward = config["reward"]
+    specific = reward.get("algorithm_specific", {}).get(command_name, {})
+    net_cls = specific.get("net_cls", reward["net_cls"])
+    if not _is_image_reward_net(net_cls):
+        return {}
+    net_kwargs = {**reward["net_kwargs"], **specific.get("net_kwargs", {})}
+    _no_input_norm(net_cls, net_kwargs.get("normalize_input_layer"))
+    return {"net_kwargs": {"normalize_input_layer": None}}
+
+
+def is_patched() -> bool:
+    """Whether imitation is patched now (between :func:`patch` and :func:`unpatch`)."""
     return bool(_originals)
 
 
@@ -105,9 +140,11 @@ def patch() -> None:
         module = importlib.import_module(module_name)
         _originals[(module_name, attribute)] = getattr(module, attribute)
         setattr(module, attribute, replacement)
-    from imitation_accum.integrations import reward_ingredient
+    from imitation.scripts.ingredients import reward
 
-    _undo.append(reward_ingredient.add_reward_config_hook())
+    hooks = reward.reward_ingredient.config_hooks
+    hooks.append(_reward_config_hook)
+    _undo.append(lambda: hooks.remove(_reward_config_hook))
 
 
 def unpatch() -> None:

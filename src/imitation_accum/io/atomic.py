@@ -1,9 +1,7 @@
-"""Atomic files: a reader sees the old file or the new one, never a part of one.
+"""Atomic files: written to a temporary sibling, ``fsync``-ed, renamed over the target.
 
-A file is written to a temporary file in the same directory (hence the same file
-system), flushed and ``fsync``-ed, then ``os.replace``-d over the target. SIGTERM
-and SIGINT that arrive during a write take effect once it is done (its temporary
-file renamed or removed), so a stopped process leaves no temporary file behind.
+SIGTERM and SIGINT that arrive during a write take effect once it is done, so a
+stopped process leaves no temporary file behind.
 """
 
 import contextlib
@@ -12,7 +10,7 @@ import pathlib
 import secrets
 import signal
 import threading
-from typing import Any, Iterator, List, Tuple, Union
+from typing import IO, Any, Iterator, List, Tuple, Union
 
 import torch as th
 
@@ -22,14 +20,14 @@ AnyPath = Union[str, os.PathLike]
 TEMPORARY_SUFFIX = ".partial"
 
 
+def fsync_file(file: IO[Any]) -> None:
+    """Flushes ``file`` and ``fsync``-s it to disk."""
+    file.flush()
+    os.fsync(file.fileno())
+
+
 def fsync_directory(directory: pathlib.Path) -> None:
-    """``fsync`` of a directory: makes a rename into it durable.
-
-    Not every platform can open a directory; there this does nothing.
-
-    Args:
-        directory: The directory whose entries changed.
-    """
+    """``fsync`` of a directory (makes a rename into it durable), where possible."""
     with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
         try:
@@ -41,8 +39,7 @@ def fsync_directory(directory: pathlib.Path) -> None:
 def atomic_save(obj: Any, path: AnyPath) -> pathlib.Path:
     """``th.save(obj, path)``, such that ``path`` never holds a partial file.
 
-    If anything fails, the temporary file is removed and any earlier file at
-    ``path`` is left as it was.
+    If anything fails, the temporary file is removed and ``path`` is left as it was.
 
     Args:
         obj: What to save.
@@ -58,8 +55,7 @@ def atomic_save(obj: Any, path: AnyPath) -> pathlib.Path:
         try:
             with os.fdopen(fd, "wb") as file:
                 th.save(obj, file)
-                file.flush()
-                os.fsync(file.fileno())
+                fsync_file(file)
             os.replace(temporary, target)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -69,27 +65,20 @@ def atomic_save(obj: Any, path: AnyPath) -> pathlib.Path:
     return target
 
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
 @contextlib.contextmanager
 def _stop_signals_deferred() -> Iterator[None]:
-    """Holds SIGTERM and SIGINT back until the block ends, then delivers them.
-
-    Python runs signal handlers between bytecodes of the main thread, so a
-    handler that exits (as the scripts' SIGTERM handler does) could otherwise
-    run between creating the temporary file and the ``try`` that removes it.
-    Outside the main thread handlers cannot be changed, and nothing is deferred.
-    """
+    # Python runs signal handlers between bytecodes, so a handler that exits (as
+    # the scripts' SIGTERM handler does) could otherwise run between creating the
+    # temporary file and the `try` that removes it. Handlers can only be changed in
+    # the main thread; elsewhere nothing is deferred.
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     received: List[int] = []
-    previous = {}
-    for signum in _STOP_SIGNALS:
-        previous[signum] = signal.signal(
-            signum, lambda number, frame: received.append(number)
-        )
+    previous = {
+        signum: signal.signal(signum, lambda number, frame: received.append(number))
+        for signum in (signal.SIGTERM, signal.SIGINT)
+    }
     try:
         yield
     finally:
@@ -125,10 +114,7 @@ def _make_temporary(target: pathlib.Path) -> Tuple[int, str]:
 
 
 def remove_stale_temporaries(path: AnyPath) -> List[pathlib.Path]:
-    """Deletes temporary files left by an atomic write to ``path`` that was killed.
-
-    A process killed by a signal in the middle of :func:`atomic_save` cannot clean
-    up; its temporary file is harmless (``path`` itself is intact) but useless.
+    """Deletes temporary files of atomic writes to ``path`` whose process was killed.
 
     Args:
         path: The target path of earlier atomic writes.

@@ -1,17 +1,9 @@
-"""The frame store's files: a directory of ``.npy`` arrays and a versioned manifest.
+"""The frame store's files: a ``.npy`` file per array and a versioned ``manifest.json``.
 
-A store is a directory holding one ``.npy`` file per array and ``manifest.json``,
-which names the format and its version, and records every array's file, shape,
-dtype, byte size and SHA-256 (computed while writing), plus free-form metadata.
-Nothing is pickled: ``.npy`` files are opened with ``allow_pickle=False`` and
-memory-mapped, so processes on one machine share one copy through the page cache.
-A store reads only its own directory: the manifest names each array by a plain
-file name there, and neither the manifest nor an array may be a symbolic link.
-
-Writing is atomic in the sense of :mod:`imitation_accum.io.atomic`: the files are
-written and ``fsync``-ed in a temporary directory next to the target (named as
-that module names its temporaries), which is then renamed into place; a reader
-sees the old store or the new one, never a part of one.
+The manifest records each array's file, shape, dtype, size and SHA-256, plus
+metadata. Nothing is pickled: arrays are memory-mapped with ``allow_pickle=False``
+and read only from plain files inside the store's directory. A store is written in
+a temporary sibling directory (:mod:`imitation_accum.io.atomic`) renamed into place.
 """
 
 import hashlib
@@ -69,13 +61,11 @@ def write_store(
                 }
                 np.lib.format.write_array_header_1_0(file, header)
                 entries[name] = _entry(name, blocks, shape, dtype, file)
-                file.flush()
-                os.fsync(file.fileno())
+                atomic.fsync_file(file)
         manifest = _manifest(entries, metadata)
         with open(temporary / MANIFEST, "w") as file:
             json.dump(manifest, file, indent=1, sort_keys=True)
-            file.flush()
-            os.fsync(file.fileno())
+            atomic.fsync_file(file)
         atomic.fsync_directory(temporary)
         _replace_directory(temporary, target)
     except BaseException:
@@ -89,12 +79,7 @@ def describe(
     shapes: Mapping[str, Tuple[Tuple[int, ...], np.dtype]],
     metadata: Mapping[str, Any],
 ) -> Dict[str, Any]:
-    """The manifest :func:`write_store` would write for these arrays, writing nothing.
-
-    Args:
-        arrays: As for :func:`write_store`.
-        shapes: As for :func:`write_store`.
-        metadata: As for :func:`write_store`.
+    """The manifest :func:`write_store` would write for these arguments (no file).
 
     Returns:
         The manifest (its digests hash the same bytes the files would hold).
@@ -121,7 +106,6 @@ def _entry(
     dtype: np.dtype,
     file: Optional[BinaryIO] = None,
 ) -> Dict[str, Any]:
-    """The manifest's entry of array ``name``; its bytes also go to ``file``."""
     dtype = np.dtype(dtype)
     digest = hashlib.sha256()
     n_bytes = 0
@@ -150,7 +134,7 @@ def _replace_directory(source: pathlib.Path, target: pathlib.Path) -> None:
     if target.exists():
         if not (target / MANIFEST).is_file() and any(target.iterdir()):
             raise FileExistsError(
-                f"{target} exists and is not a frame store; not replacing it",
+                f"{target} exists and is not a frame store; not replacing it"
             )
         old = atomic.temporary_sibling(target, "old.")
         os.replace(target, old)
@@ -161,13 +145,7 @@ def _replace_directory(source: pathlib.Path, target: pathlib.Path) -> None:
 
 
 def read_manifest(path: AnyPath) -> Dict[str, Any]:
-    """Reads and checks a store's manifest.
-
-    Args:
-        path: The store's directory.
-
-    Returns:
-        The manifest.
+    """Reads and checks the manifest of the store at directory ``path``.
 
     Raises:
         StoreError: naming the file, if the directory or manifest is missing,
@@ -180,7 +158,7 @@ def read_manifest(path: AnyPath) -> Dict[str, Any]:
     if manifest_path.is_symlink():
         raise StoreError(
             f"{manifest_path}: a symbolic link; the manifest of the frame store "
-            f"{directory} must be a plain file inside it",
+            f"{directory} must be a plain file inside it"
         )
     if not manifest_path.is_file():
         raise StoreError(f"{manifest_path}: missing; {directory} is not a frame store")
@@ -193,7 +171,7 @@ def read_manifest(path: AnyPath) -> Dict[str, Any]:
     if manifest.get("version") != VERSION:
         raise StoreError(
             f"{manifest_path}: format version {manifest.get('version')!r}; this "
-            f"version of imitation_accum reads version {VERSION}",
+            f"version of imitation_accum reads version {VERSION}"
         )
     if not isinstance(manifest.get("arrays"), dict):
         raise StoreError(f"{manifest_path}: no 'arrays' table")
@@ -201,10 +179,7 @@ def read_manifest(path: AnyPath) -> Dict[str, Any]:
 
 
 def open_array(
-    path: AnyPath,
-    manifest: Mapping[str, Any],
-    name: str,
-    verify: bool = False,
+    path: AnyPath, manifest: Mapping[str, Any], name: str, verify: bool = False
 ) -> np.ndarray:
     """Memory-maps array ``name`` of a store, read-only, after checking it.
 
@@ -218,10 +193,9 @@ def open_array(
         The array (a read-only ``np.memmap``, or an empty array).
 
     Raises:
-        StoreError: naming the file, if it is missing, truncated, corrupt or of
-            another shape or dtype than the manifest records; naming the
-            manifest's entry and the store, if the entry is not a plain file name
-            inside the store's directory or the file is a symbolic link.
+        StoreError: naming the file, if it is missing, truncated, corrupt, of
+            another shape or dtype than recorded, not a plain file name inside the
+            store or a symbolic link.
     """
     directory = pathlib.Path(path)
     try:
@@ -230,7 +204,7 @@ def open_array(
         shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
     except (KeyError, TypeError, ValueError) as error:
         raise StoreError(
-            f"{directory / MANIFEST}: no valid entry for array {name!r}",
+            f"{directory / MANIFEST}: no valid entry for array {name!r}"
         ) from error
     # Checked before anything is opened: a crafted manifest must not make a
     # load read (or map) a file outside the store.
@@ -238,14 +212,14 @@ def open_array(
         raise StoreError(
             f"{directory / MANIFEST}: array {name!r} is stored in {file_name!r}, "
             f"not a plain file name inside the store {directory} (no path "
-            "separators, no '..', not absolute)",
+            "separators, no '..', not absolute)"
         )
     file = directory / file_name
     if file.is_symlink():
         raise StoreError(
             f"{directory / MANIFEST}: array {name!r} is stored in {file_name!r}, "
             f"a symbolic link; the arrays of the store {directory} must be plain "
-            "files inside it",
+            "files inside it"
         )
     if not file.is_file():
         raise StoreError(f"{file}: missing")
@@ -264,13 +238,13 @@ def open_array(
     if header[0] != shape or header[2] != dtype or header[1]:
         raise StoreError(
             f"{file}: holds {header[2]} {header[0]}; the manifest records "
-            f"{dtype} {shape}",
+            f"{dtype} {shape}"
         )
     size = file.stat().st_size
     if size != offset + int(entry["bytes"]):
         raise StoreError(
             f"{file}: {size - offset} bytes of data, the manifest records "
-            f"{entry['bytes']} (truncated or corrupt)",
+            f"{entry['bytes']} (truncated or corrupt)"
         )
     if verify and _file_digest(file, offset) != entry["sha256"]:
         raise StoreError(f"{file}: SHA-256 differs from the manifest's (corrupt)")
@@ -304,10 +278,7 @@ USAGE_METADATA = ("max_size",)
 
 
 def fingerprint_of(manifest: Mapping[str, Any]) -> str:
-    """A digest of a store's content: its arrays' recorded digests and metadata.
-
-    Metadata in :data:`USAGE_METADATA` is left out.
-    """
+    """A digest of a store's content: its arrays' digests and metadata (less usage)."""
     metadata = {
         key: value
         for key, value in manifest.get("metadata", {}).items()

@@ -1,17 +1,9 @@
-"""Reward nets saved in imitation's format, and loaded safely.
+"""Reward nets saved as imitation saves them (the whole module), and loaded safely.
 
-A reward net is saved as imitation saves it (``th.save`` of the whole module),
-atomically, so that imitation's ``imitation.rewards.serialize.load_reward`` and
-:func:`load_reward_net` both read it.
-
-torch 2.6 and later load with ``weights_only=True``, which refuses the pickled
-module imitation 1.0.1 saves. No format keeps imitation's loader working without
-pickled classes (``weights_only`` refuses TorchScript archives; a ``state_dict``
-is not a module), so this package's loads, and imitation's ``load_reward`` while
-patched, run inside :func:`allowing_reward_nets`, which allows the classes of
-:func:`default_safe_globals` for that load only: importing this package leaves
-torch's allow-list as it was. A net of another class needs
-:func:`register_safe_classes` (or, for a trusted file, ``weights_only=False``).
+torch 2.6 and later load with ``weights_only=True``, which refuses imitation's
+pickled modules; this package's loads (and imitation's ``load_reward`` while
+patched) allow the classes of :func:`default_safe_globals` for that load only,
+leaving torch's allow-list as it was. Other classes need :func:`register_safe_classes`.
 """
 
 import contextlib
@@ -22,7 +14,7 @@ import inspect
 import pathlib
 import pickle
 import warnings
-from typing import Any, Callable, Iterator, List, Mapping, Tuple, TypeVar, Union
+from typing import Any, Callable, Iterator, List, Mapping, Tuple, Union
 
 import gymnasium as gym
 import numpy as np
@@ -36,10 +28,8 @@ from imitation_accum.io.atomic import AnyPath, atomic_save
 from imitation_accum.nets import shaped as accum_reward_nets
 
 SafeGlobal = Union[Callable[..., Any], Tuple[Callable[..., Any], str]]
-_Function = TypeVar("_Function", bound=Callable[..., Any])
 
-#: Classes registered with :func:`register_safe_classes`, allowed in this
-#: package's loads on top of :func:`default_safe_globals`.
+#: Classes registered with :func:`register_safe_classes`.
 _registered: List[SafeGlobal] = []
 
 
@@ -52,7 +42,7 @@ def _module_classes(namespace: Mapping[str, Any]) -> List[type]:
 
 
 def _numpy_globals() -> List[SafeGlobal]:
-    """What gymnasium spaces pickle: arrays, dtypes, scalars and their generators."""
+    # What gymnasium spaces pickle: arrays, dtypes, scalars and their generators.
     from numpy.random import _pickle as random_pickle
     from numpy.random import bit_generator
 
@@ -67,15 +57,9 @@ def _numpy_globals() -> List[SafeGlobal]:
         # Files written under numpy 1.x name these numpy.core.multiarray.*.
         found.append((function, f"numpy.core.multiarray.{name}"))
     found += [v for v in vars(np.dtypes).values() if inspect.isclass(v)]
-    found += [
-        np.random.Generator,
-        np.random.PCG64,
-        np.random.PCG64DXSM,
-        np.random.MT19937,
-        np.random.Philox,
-        np.random.SFC64,
-        bit_generator.SeedSequence,
-    ]
+    found += [np.random.Generator, bit_generator.SeedSequence]
+    found += [np.random.PCG64, np.random.PCG64DXSM, np.random.MT19937]
+    found += [np.random.Philox, np.random.SFC64]
     optional = [
         (random_pickle, "__generator_ctor"),
         (random_pickle, "__bit_generator_ctor"),
@@ -90,34 +74,20 @@ def default_safe_globals() -> List[SafeGlobal]:
     """The classes and functions a reward net of imitation's kinds pickles.
 
     Returns:
-        imitation's and this package's reward-net classes (GAIL's
-        discriminator-logit reward too), imitation's norm layers, every
-        ``torch.nn`` layer, gymnasium's array spaces and the numpy types and
-        generator constructors that they hold.
+        imitation's and this package's reward nets, GAIL's discriminator reward,
+        imitation's norm layers, every ``torch.nn`` layer, gymnasium's array
+        spaces and the numpy types they hold.
     """
-    found: List[SafeGlobal] = []
-    found += _module_classes(vars(reward_nets))
-    # This package's nets (AIRL's shaped CNN on frames) load like imitation's.
-    found += _module_classes(vars(accum_reward_nets))
-    # GAIL's reward_train.pt: the discriminator seen as a reward.
-    found.append(gail.RewardNetFromDiscriminatorLogit)
-    found += _module_classes(vars(networks))
-    found += _module_classes(vars(nn))
-    found += [
-        gym.spaces.Box,
-        gym.spaces.Discrete,
-        gym.spaces.MultiDiscrete,
-        gym.spaces.MultiBinary,
-    ]
-    found += _numpy_globals()
-    return found
+    found: List[SafeGlobal] = [gail.RewardNetFromDiscriminatorLogit]
+    for module in (reward_nets, accum_reward_nets, networks, nn):
+        found += _module_classes(vars(module))
+    spaces = gym.spaces
+    found += [spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary]
+    return found + _numpy_globals()
 
 
 def register_safe_classes(*classes: SafeGlobal) -> None:
     """Lets this package's loads (and imitation's, while patched) rebuild ``classes``.
-
-    Call it before loading a reward net of a class of your own, with that class
-    and any class it holds. torch's own allow-list is not changed.
 
     Args:
         *classes: Classes or functions, or ``(object, "module.name")`` pairs.
@@ -137,32 +107,11 @@ def _defaults() -> Tuple[SafeGlobal, ...]:
 def allowing_reward_nets() -> Iterator[None]:
     """A block in which ``torch.load(weights_only=True)`` rebuilds reward nets.
 
-    The classes of :func:`default_safe_globals` and those registered with
-    :func:`register_safe_classes` are allowed until the block ends.
-
     Yields:
         Nothing.
     """
     with th.serialization.safe_globals([*_defaults(), *_registered]):
         yield
-
-
-def loading_reward_nets(function: _Function) -> _Function:
-    """``function``, run inside :func:`allowing_reward_nets` (for imitation's loader).
-
-    Args:
-        function: Such as ``imitation.rewards.serialize.load_reward``.
-
-    Returns:
-        A function with the same signature.
-    """
-
-    @functools.wraps(function)
-    def load(*args: Any, **kwargs: Any) -> Any:
-        with allowing_reward_nets():
-            return function(*args, **kwargs)
-
-    return load  # type: ignore[return-value]
 
 
 def unwrapped(net: nn.Module) -> nn.Module:
@@ -172,10 +121,7 @@ def unwrapped(net: nn.Module) -> nn.Module:
 
 
 def save_reward_net(net: nn.Module, path: AnyPath) -> pathlib.Path:
-    """Saves ``net`` as imitation does (``th.save`` of the module), atomically.
-
-    A CPU copy is saved, so that the file loads on a machine without the training
-    device, and a ``DistributedDataParallel`` wrapper is removed first.
+    """Saves a CPU copy of ``net`` (unwrapped from DDP) as imitation does, atomically.
 
     Args:
         net: The reward net.
@@ -203,14 +149,13 @@ def save_reward_net(net: nn.Module, path: AnyPath) -> pathlib.Path:
 
 
 def unsafe_globals(path: AnyPath) -> List[str]:
-    """Globals in a saved file that ``weights_only`` loading does not allow yet.
+    """Globals in a saved file that this package's ``weights_only`` loads refuse.
 
     Args:
         path: A file written by ``th.save``.
 
     Returns:
-        Their qualified names; empty if the file loads with ``weights_only=True``
-        (and for files torch cannot read, or on torch versions that cannot tell).
+        Their qualified names; empty for files torch cannot read.
     """
     with allowing_reward_nets():
         return pickled_globals(path)
@@ -223,8 +168,7 @@ def pickled_globals(path: AnyPath) -> List[str]:
         path: A file written by ``th.save``.
 
     Returns:
-        Their qualified names; empty for files torch cannot read, and on torch
-        versions that cannot tell.
+        Their qualified names; empty for files torch cannot read.
     """
     finder = getattr(th.serialization, "get_unsafe_globals_in_checkpoint", None)
     if finder is None:  # torch < 2.5
@@ -246,9 +190,8 @@ def load_reward_net(
     Args:
         path: A file holding a whole reward-net module (imitation's format).
         map_location: Where to put its tensors (default: the CPU).
-        weights_only: Keep ``torch.load``'s safe loading, which rebuilds only
-            registered classes (see :func:`register_safe_classes`). ``False``
-            runs arbitrary code from the file: only for files you trust.
+        weights_only: Rebuild only registered classes; ``False`` runs arbitrary
+            code from the file (only for files you trust).
 
     Returns:
         The reward net, in evaluation mode as imitation's loaders leave it.
@@ -273,15 +216,15 @@ def load_reward_net(
             f"cannot load the reward net in {str(source)!r} with "
             f"weights_only={weights_only}.{detail} Register its classes with "
             "imitation_accum.checkpoint.register_safe_classes, or pass "
-            "weights_only=False if you trust the file.",
+            "weights_only=False if you trust the file."
         ) from error
     except Exception as error:
         raise ValueError(
             f"cannot read the reward net in {str(source)!r}: "
-            f"{type(error).__name__}: {error}",
+            f"{type(error).__name__}: {error}"
         ) from error
     if not isinstance(net, reward_nets.RewardNet):
         raise TypeError(
-            f"{str(source)!r} holds a {type(net).__name__}, not an imitation RewardNet",
+            f"{str(source)!r} holds a {type(net).__name__}, not an imitation RewardNet"
         )
     return net.eval()

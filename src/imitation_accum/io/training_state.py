@@ -1,8 +1,6 @@
-"""The training state: everything needed to continue training where it stopped.
+"""The training state: what a run needs to continue where it stopped.
 
-It holds only tensors and plain Python values, so it loads with
-``torch.load(weights_only=True)`` without any registration, and is written
-atomically (:mod:`imitation_accum.io.atomic`).
+Only tensors and plain values (it loads with ``weights_only=True``); written atomically.
 """
 
 import copy
@@ -27,26 +25,17 @@ _STATE_VERSION = 1
 class TrainingState:
     """Everything a run needs to continue after ``epoch`` completed epochs."""
 
-    epoch: int
-    """Epochs completed."""
-    net_class: str
-    """Qualified class name of the reward net."""
-    net_state: Dict[str, th.Tensor]
-    """The reward net's ``state_dict`` (parameters and norm buffers)."""
-    optimizer_class: str
-    """Qualified class name of the optimizer."""
-    optimizer_state: Dict[str, Any]
-    """The optimizer's ``state_dict``."""
-    rng_state: Dict[str, Any]
-    """The trainer's numpy generator (``bit_generator.state``)."""
-    torch_rng_state: th.Tensor
-    """torch's CPU generator (dropout)."""
-    regularizer_lambda: Optional[float] = None
-    """The regularizer's lambda, which its updater changes during training."""
-    cuda_rng_states: Optional[List[th.Tensor]] = None
-    """torch's generator of every CUDA device, if CUDA was available."""
+    epoch: int  # epochs completed
+    net_class: str  # qualified class name of the reward net
+    net_state: Dict[str, th.Tensor]  # its state_dict (parameters, norm buffers)
+    optimizer_class: str  # qualified class name of the optimizer
+    optimizer_state: Dict[str, Any]  # its state_dict
+    rng_state: Dict[str, Any]  # the trainer's numpy bit_generator.state
+    torch_rng_state: th.Tensor  # torch's CPU generator (dropout)
+    regularizer_lambda: Optional[float] = None  # as its updater left it
+    cuda_rng_states: Optional[List[th.Tensor]] = None  # each CUDA device's generator
+    # Plain values describing the run (dataset size, split), checked on resume.
     metadata: Dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Plain values describing the run (dataset size, split), checked on resume."""
 
 
 def _qualified_name(obj: object) -> str:
@@ -60,7 +49,7 @@ def capture_state(
     epoch: int,
     metadata: Optional[Mapping[str, Any]] = None,
 ) -> TrainingState:
-    """The training state of ``trainer`` after ``epoch`` completed epochs.
+    """A copy of the training state of ``trainer`` after ``epoch`` completed epochs.
 
     Args:
         trainer: A reward trainer with ``optim``, ``rng`` and ``regularizer``.
@@ -68,7 +57,7 @@ def capture_state(
         metadata: Plain values to check on resume.
 
     Returns:
-        Copies of the state, safe to write while training goes on.
+        The state.
     """
     net = unwrapped(trainer._preference_model.model)
     regularizer = getattr(trainer, "regularizer", None)
@@ -87,28 +76,14 @@ def capture_state(
 
 
 def save_training_state(state: TrainingState, path: AnyPath) -> pathlib.Path:
-    """Writes ``state`` to ``path`` atomically.
-
-    Args:
-        state: What to save.
-        path: Where.
-
-    Returns:
-        ``path`` as a ``pathlib.Path``.
-    """
+    """Writes ``state`` to ``path`` atomically and returns ``path``."""
     payload = {"format": _STATE_FORMAT, "version": _STATE_VERSION}
     payload.update(dataclasses.asdict(state))
     return atomic_save(payload, path)
 
 
 def load_training_state(path: AnyPath) -> TrainingState:
-    """Reads a state written by :func:`save_training_state`.
-
-    Args:
-        path: The file.
-
-    Returns:
-        The state, tensors on the CPU.
+    """Reads a state written by :func:`save_training_state` (tensors on the CPU).
 
     Raises:
         ValueError: if the file is missing, unreadable or not a training state.
@@ -125,20 +100,20 @@ def load_training_state(path: AnyPath) -> TrainingState:
                 f"{str(source)!r} is not a training state written by "
                 f"imitation_accum: it pickles {', '.join(classes[:3])}"
                 f"{', ...' * (len(classes) > 3)} (for a reward net alone, use "
-                "load_reward_net)",
+                "load_reward_net)"
             ) from error
         raise ValueError(
-            f"cannot read checkpoint {str(source)!r}: {type(error).__name__}: {error}",
+            f"cannot read checkpoint {str(source)!r}: {type(error).__name__}: {error}"
         ) from error
     if not isinstance(payload, dict) or payload.get("format") != _STATE_FORMAT:
         raise ValueError(
             f"{str(source)!r} is not a training state written by imitation_accum "
-            "(for a reward net alone, use load_reward_net)",
+            "(for a reward net alone, use load_reward_net)"
         )
     if payload.get("version") != _STATE_VERSION:
         raise ValueError(
             f"checkpoint {str(source)!r} has format version "
-            f"{payload.get('version')}; this version reads {_STATE_VERSION}",
+            f"{payload.get('version')}; this version reads {_STATE_VERSION}"
         )
     fields = dataclasses.fields(TrainingState)
     missing = {
@@ -148,7 +123,7 @@ def load_training_state(path: AnyPath) -> TrainingState:
     } - set(payload)
     if missing:
         raise ValueError(
-            f"checkpoint {str(source)!r} lacks {', '.join(sorted(missing))}",
+            f"checkpoint {str(source)!r} lacks {', '.join(sorted(missing))}"
         )
     return TrainingState(
         **{f.name: payload[f.name] for f in fields if f.name in payload}
@@ -164,8 +139,7 @@ def check_fits(state: TrainingState, net: nn.Module, path: AnyPath) -> None:
         path: The checkpoint's path, for messages.
 
     Raises:
-        ValueError: naming ``path`` and the first differing key, if the class, the
-            parameter and buffer names or their shapes differ.
+        ValueError: naming ``path`` and the first differing class, key or shape.
     """
     net = unwrapped(net)
     here = net.state_dict()
@@ -173,7 +147,7 @@ def check_fits(state: TrainingState, net: nn.Module, path: AnyPath) -> None:
     if state.net_class != _qualified_name(net):
         raise ValueError(
             f"{where} holds a {state.net_class}, but the reward net is a "
-            f"{_qualified_name(net)}",
+            f"{_qualified_name(net)}"
         )
     for key in sorted(state.net_state.keys() - here.keys()):
         raise ValueError(f"{where} has key {key!r}, which the reward net lacks")
@@ -184,14 +158,12 @@ def check_fits(state: TrainingState, net: nn.Module, path: AnyPath) -> None:
         if tuple(saved.shape) != tuple(value.shape):
             raise ValueError(
                 f"{where}: key {key!r} has shape {tuple(saved.shape)} there but "
-                f"{tuple(value.shape)} in the reward net (another architecture)",
+                f"{tuple(value.shape)} in the reward net (another architecture)"
             )
 
 
 def restore_state(
-    trainer: pc.BasicRewardTrainer,
-    state: TrainingState,
-    path: AnyPath,
+    trainer: pc.BasicRewardTrainer, state: TrainingState, path: AnyPath
 ) -> None:
     """Puts ``state`` back into ``trainer``: net, optimizer, generators, lambda.
 
@@ -201,8 +173,8 @@ def restore_state(
         path: The checkpoint's path, for messages.
 
     Raises:
-        ValueError: naming ``path`` and what differs, if the state does not fit the
-            trainer (architecture, optimizer, generator kind, regularizer).
+        ValueError: naming ``path`` and what differs (architecture, optimizer,
+            generator kind, regularizer).
     """
     net = unwrapped(trainer._preference_model.model)
     check_fits(state, net, path)
@@ -210,13 +182,13 @@ def restore_state(
     if state.optimizer_class != _qualified_name(trainer.optim):
         raise ValueError(
             f"{where} holds {state.optimizer_class} state, but the trainer's "
-            f"optimizer is a {_qualified_name(trainer.optim)}",
+            f"optimizer is a {_qualified_name(trainer.optim)}"
         )
     kind = trainer.rng.bit_generator.state["bit_generator"]
     if state.rng_state.get("bit_generator") != kind:
         raise ValueError(
             f"{where} holds the state of a {state.rng_state.get('bit_generator')} "
-            f"generator, but the trainer's rng is a {kind}",
+            f"generator, but the trainer's rng is a {kind}"
         )
     regularizer = getattr(trainer, "regularizer", None)
     if (regularizer is None) != (state.regularizer_lambda is None):
@@ -224,7 +196,7 @@ def restore_state(
             f"{where} was saved "
             f"{'with' if state.regularizer_lambda is not None else 'without'} a "
             "regularizer, but this run is configured "
-            f"{'with' if regularizer is not None else 'without'} one",
+            f"{'with' if regularizer is not None else 'without'} one"
         )
     with th.no_grad():
         net.load_state_dict(state.net_state)
@@ -245,15 +217,12 @@ def restore_state(
 
 
 def apply_hyperparameters(
-    optimizer: th.optim.Optimizer,
-    values: Mapping[str, Any],
+    optimizer: th.optim.Optimizer, values: Mapping[str, Any]
 ) -> Dict[str, Tuple[Any, Any]]:
-    """Sets this run's optimizer hyperparameters over those a checkpoint restored.
+    """Puts the configured hyperparameters back over those a checkpoint restored.
 
-    Loading an optimizer's state also loads its hyperparameters (``lr``,
-    ``weight_decay``, ...); a resumed run configured with other values then
-    trains with the checkpoint's while its config records its own. This puts the
-    configured values back into every parameter group.
+    Loading an optimizer's state also loads its ``lr``, ``weight_decay``, ...;
+    a resumed run must train with the values its config records.
 
     Args:
         optimizer: The optimizer, its state just restored.

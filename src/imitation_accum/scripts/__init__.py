@@ -1,9 +1,5 @@
-"""Sacred experiments: imitation's, training with this package's trainers.
+"""Sacred experiments training with this package's trainers, and their presets.
 
-- ``python -m imitation_accum.scripts.train_preference_comparisons with ...``
-- ``python -m imitation_accum.scripts.train_adversarial {airl,gail} with ...``
-
-Each is imitation's experiment of the same name, with every config key and named
-config, plus Atari named configs, a ``fast`` named config and early config checks.
-JSON presets live in the repository's ``configs/`` folder.
+``python -m imitation_accum.scripts.{train_preference_comparisons,train_adversarial,
+train_reward_model} with ...``: see each module.
 """

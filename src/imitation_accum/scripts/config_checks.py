@@ -1,7 +1,6 @@
 """Config checks of this package's experiments, run in sacred config hooks.
 
-Each check runs before the run directory, the sacred run record or imitation's
-logger exist, and names the full config key it rejects
+Each runs before anything is built and names the full key it rejects
 (``regularizer.initial_lambda``, ``reward.net_kwargs.hid_sizes``).
 """
 
@@ -33,9 +32,7 @@ REGULARIZER_KEYS = (
 
 
 def check_environment(
-    config: Dict[str, Any],
-    command_name: str,
-    logger: Any,
+    config: Dict[str, Any], command_name: str, logger: Any
 ) -> Dict[str, Any]:
     """Config hook: the environment id exists and its horizon is valid.
 
@@ -52,16 +49,13 @@ def check_environment(
         near = difflib.get_close_matches(gym_id, list(gym.registry), n=3, cutoff=0.8)
         raise ValueError(atari.unknown_id_message(gym_id, near)) from error
     _validation.optional_positive_int(
-        "environment.max_episode_steps",
-        env["max_episode_steps"],
+        "environment.max_episode_steps", env["max_episode_steps"]
     )
     return {}
 
 
 def check_demonstrations(
-    config: Dict[str, Any],
-    command_name: str,
-    logger: Any,
+    config: Dict[str, Any], command_name: str, logger: Any
 ) -> Dict[str, Any]:
     """Config hook: local demonstrations name a file that exists.
 
@@ -73,7 +67,7 @@ def check_demonstrations(
     sources = ("local", "huggingface", "generated")
     if demos["source"] not in sources:
         raise ValueError(
-            f"demonstrations.source={demos['source']!r} must be one of {sources}",
+            f"demonstrations.source={demos['source']!r} must be one of {sources}"
         )
     if demos["source"] != "local":
         return {}
@@ -81,7 +75,7 @@ def check_demonstrations(
     if path is None:
         raise ValueError(
             "demonstrations.source='local' needs demonstrations.path: trajectories "
-            "saved with imitation.data.serialize.save",
+            "saved with imitation.data.serialize.save"
         )
     if not pathlib.Path(path).exists():
         raise ValueError(f"demonstrations.path={path!r}: no such file or directory")
@@ -97,8 +91,7 @@ def check_keywords(
 ) -> None:
     """Checks that every key of ``kwargs`` is a keyword argument of ``cls``.
 
-    Follows ``**kwargs`` up the method resolution order, as a constructor that
-    passes them on to its base class does.
+    Follows ``**kwargs`` up the method resolution order to the base classes.
 
     Args:
         key: The config key holding ``kwargs`` (such as ``reward_trainer_kwargs``).
@@ -140,9 +133,8 @@ def check_reward_trainer_kwargs(
         kwargs: The section.
         trainer_cls: The trainer class the experiment builds.
         exclude: Arguments the experiment passes itself.
-        logger: The config hook's logger (see :func:`warn_budget_beyond_machine`).
-        optimizer_by_name: Whether ``optimizer_cls`` is resolved by
-            :func:`optimizer_class` (``train_reward_model`` takes a name).
+        logger: The config hook's logger.
+        optimizer_by_name: ``optimizer_cls`` may be a name (:func:`optimizer_class`).
 
     Raises:
         ValueError: naming the first unknown or invalid
@@ -161,30 +153,21 @@ def check_reward_trainer_kwargs(
 
 
 def check_counts(config: Mapping[str, Any], keys: Iterable[str]) -> None:
-    """Checks that top-level ``keys`` present in ``config`` are positive counts.
-
-    Raises:
-        ValueError: naming the first key that is not a positive whole number.
-    """
+    """Checks that the top-level ``keys`` in ``config`` are positive whole numbers."""
     for key in keys:
         if key in config:
             _validation.positive_count(key, config[key])
 
 
 def check_regularizer(section: Mapping[str, Any]) -> None:
-    """Checks ``train_reward_model``'s ``regularizer`` config.
-
-    Raises:
-        ValueError: naming ``regularizer.<key>``: an unknown key (with near
-            matches), a negative or non-finite lambda, or an invalid scaler.
-    """
+    """Checks ``train_reward_model``'s ``regularizer`` config, naming the bad key."""
     _validation.known_names(
         "regularizer", section, REGULARIZER_KEYS, "the regularizer config"
     )
     kind = section.get("kind")
     if kind not in (None, "lp", "weight_decay"):
         raise ValueError(
-            f"regularizer.kind={kind!r} must be None, 'lp' or 'weight_decay'",
+            f"regularizer.kind={kind!r} must be None, 'lp' or 'weight_decay'"
         )
     _validation.finite_float(
         "regularizer.initial_lambda", section.get("initial_lambda"), allow_zero=True
@@ -197,9 +180,7 @@ def check_regularizer(section: Mapping[str, Any]) -> None:
         return
     _validation.positive_finite_float("regularizer.scaling_factor", factor)
     if not factor < 1:
-        raise ValueError(
-            f"regularizer.scaling_factor={factor!r} must lie in (0, 1)",
-        )
+        raise ValueError(f"regularizer.scaling_factor={factor!r} must lie in (0, 1)")
     interval = section.get("tolerable_interval")
     if (
         not isinstance(interval, (list, tuple))
@@ -209,7 +190,7 @@ def check_regularizer(section: Mapping[str, Any]) -> None:
     ):
         raise ValueError(
             f"regularizer.tolerable_interval={interval!r} must be a pair (low, "
-            "high) with 0 <= low < high",
+            "high) with 0 <= low < high"
         )
     val_split = _validation.positive_finite_float(
         "regularizer.val_split", section.get("val_split")
@@ -219,12 +200,7 @@ def check_regularizer(section: Mapping[str, Any]) -> None:
 
 
 def check_reward_ingredient(config: Mapping[str, Any], command_name: str) -> None:
-    """Checks imitation's ``reward`` ingredient: the net class and its sizes.
-
-    Raises:
-        ValueError: naming ``reward.net_cls`` if it is not a ``RewardNet``
-            class, or ``reward.net_kwargs.hid_sizes`` if a size is not positive.
-    """
+    """Checks imitation's ``reward`` ingredient: net class and sizes."""
     reward = config.get("reward")
     if not isinstance(reward, Mapping):
         return
@@ -235,7 +211,7 @@ def check_reward_ingredient(config: Mapping[str, Any], command_name: str) -> Non
             f"reward.net_cls={getattr(net_cls, '__name__', net_cls)!r} is not an "
             "imitation RewardNet class (such as BasicRewardNet or CnnRewardNet); "
             "a class cannot be named on the command line: set it in a named "
-            "config or a config file",
+            "config or a config file"
         )
     net_kwargs: Dict[str, Any] = {
         **reward.get("net_kwargs", {}),
@@ -246,7 +222,7 @@ def check_reward_ingredient(config: Mapping[str, Any], command_name: str) -> Non
         if not isinstance(hid_sizes, (list, tuple)):
             raise ValueError(
                 f"reward.net_kwargs.hid_sizes={hid_sizes!r} must be a list of "
-                "positive ints",
+                "positive ints"
             )
         for size in hid_sizes:
             _validation.positive_int("reward.net_kwargs.hid_sizes[...]", size)
@@ -256,15 +232,10 @@ def check_reward_ingredient(config: Mapping[str, Any], command_name: str) -> Non
 
 
 def warn_budget_beyond_machine(logger: Any, key: str, value: object) -> None:
-    """Warns if a memory budget in bytes exceeds all memory this machine has.
+    """Warns if the memory budget ``value`` of ``key`` exceeds this machine's memory.
 
-    Only a warning: a config may be meant for a larger machine (a GPU preset
-    printed on a laptop); the trainer refuses such a budget for its device.
-
-    Args:
-        logger: The config hook's logger.
-        key: The config key (``reward_trainer_kwargs.memory_budget``).
-        value: Its value (already checked to parse).
+    Only a warning: a config may be meant for a larger machine; the trainer
+    refuses such a budget for its device.
     """
     message = budget.beyond_memory(
         budget.parse_budget(value, key), budget.machine_bytes(), "this machine", key
@@ -278,7 +249,7 @@ def check_preference_model_kwargs(kwargs: Any) -> None:
     if not isinstance(kwargs, Mapping):
         raise ValueError(
             f"preference_model_kwargs={kwargs!r} must be a dict of PreferenceModel "
-            "arguments (noise_prob, discount_factor, threshold)",
+            "arguments (noise_prob, discount_factor, threshold)"
         )
     arguments.check_preference_model_values(kwargs, "preference_model_kwargs.")
 
@@ -291,7 +262,7 @@ def check_device(value: Any) -> None:
         th.device(value)
     except (RuntimeError, TypeError) as error:
         raise ValueError(
-            f"device={value!r} is not a device: give 'auto', 'cpu', 'cuda' or 'cuda:N'",
+            f"device={value!r} is not a device: give 'auto', 'cpu', 'cuda' or 'cuda:N'"
         ) from error
 
 
@@ -302,12 +273,12 @@ def optimizer_class(value: Any) -> type:
         if not (isinstance(cls, type) and issubclass(cls, th.optim.Optimizer)):
             raise ValueError(
                 f"reward_trainer_kwargs.optimizer_cls={value!r} is not an optimizer "
-                "of torch.optim",
+                "of torch.optim"
             )
         return cls
     if isinstance(value, type) and issubclass(value, th.optim.Optimizer):
         return value
     raise ValueError(
         f"reward_trainer_kwargs.optimizer_cls={value!r} must be a torch.optim "
-        "optimizer class or its name",
+        "optimizer class or its name"
     )

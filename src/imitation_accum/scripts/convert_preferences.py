@@ -1,15 +1,11 @@
 """Converts a pickled imitation ``PreferenceDataset`` into a frame store.
 
-::
+``python -m imitation_accum.scripts.convert_preferences IN.pkl OUT``
 
-    python -m imitation_accum.scripts.convert_preferences IN.pkl OUT
-
-``IN.pkl`` is what imitation's ``PreferenceDataset.save`` writes (for example the
-``preferences.pkl`` of ``train_preference_comparisons with save_preferences=True``);
-``OUT`` becomes a frame-store directory (:meth:`imitation_accum.PreferenceDataset.save`)
-holding the same pairs, every frame once, which ``train_reward_model`` memory-maps
-without unpickling anything. Loading ``IN.pkl`` runs any code it holds, as loading
-it anywhere would: convert only files you trust, once.
+``IN.pkl`` is what imitation's ``PreferenceDataset.save`` writes; ``OUT`` becomes a
+frame-store directory holding the same pairs, which ``train_reward_model``
+memory-maps without unpickling anything. Loading ``IN.pkl`` runs any code it holds:
+convert only files you trust.
 """
 
 import argparse
@@ -27,10 +23,6 @@ _PUSH_PAIRS = 256
 
 def convert(source: pathlib.Path, target: pathlib.Path) -> PreferenceDataset:
     """Loads imitation's pickle ``source`` and saves its pairs as store ``target``.
-
-    Args:
-        source: The pickle.
-        target: The store's directory (replaced if it holds a store).
 
     Returns:
         The new dataset, as saved (``max_size`` kept).
@@ -70,7 +62,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     n_bytes = sum(dataset.nbytes.values())
     print(
         f"{args.target}: {len(dataset)} pairs, {n_bytes / 2**20:.1f} MiB, "
-        f"fingerprint {dataset.fingerprint()}",
+        f"fingerprint {dataset.fingerprint()}"
     )
     return 0
 

@@ -1,8 +1,4 @@
-"""imitation's sacred experiments, run with this package's trainers.
-
-:func:`derive` copies one of imitation's experiments as a :class:`PatchedExperiment`,
-to which this package's experiments add named configs and checks.
-"""
+"""imitation's sacred experiments, configured and run with imitation patched."""
 
 import contextlib
 import copy
@@ -27,19 +23,14 @@ from imitation_accum.integrations.patching import patched
 class PatchedExperiment(sacred.Experiment):
     """A sacred experiment that configures and runs under ``imitation_accum.patched()``.
 
-    Every way of running it (``ex.run``, the command line, ``print_config``) goes
-    through :meth:`run`, so imitation's code that it runs uses this package's
-    trainers, and config hooks see the patched reward ingredient.
-
     Keys registered with :meth:`add_alternatives` (a minibatch size and a memory
-    budget) are alternatives: a value the user gives for one of them clears the
-    others a named config set, so ``with atari_pong
-    algorithm_kwargs.minibatch_size=128`` overrides the named config's
-    ``demo_minibatch_size`` instead of clashing with it.
+    budget): a value the user gives for one clears the others a named config set,
+    so ``with atari_pong algorithm_kwargs.minibatch_size=128`` overrides the named
+    config's ``demo_minibatch_size`` instead of clashing with it.
     """
 
-    # (No __init__ of its own: sacred takes the experiment's docstring, main
-    # file and sources from the frame that calls its constructor.)
+    # No __init__: sacred takes the experiment's docstring, main file and sources
+    # from the frame that calls its constructor.
 
     @functools.cached_property
     def alternatives(self) -> Dict[str, List[Tuple[str, ...]]]:
@@ -52,19 +43,11 @@ class PatchedExperiment(sacred.Experiment):
         return {}
 
     def add_alternatives(self, section: str, *names: str) -> None:
-        """Declares the keys ``names`` of config ``section`` alternatives.
-
-        Args:
-            section: A top-level config key holding a dict (``algorithm_kwargs``).
-            names: Keys of which a run sets at most one.
-        """
+        """Declares the keys ``names`` of config ``section`` (a dict) alternatives."""
         self.alternatives.setdefault(section, []).append(tuple(names))
 
     def run_commandline(self, argv: Any = None) -> Optional[sacred.run.Run]:
-        """Sacred's command line, with ``--help`` that prints help and exits 0.
-
-        ``PROG --help`` prints the experiment's description, its commands and
-        options; ``PROG COMMAND --help`` (or ``-h``) the command's.
+        """Sacred's command line, where ``[COMMAND] --help`` prints help and exits 0.
 
         Args:
             argv: As for ``sacred.Experiment.run_commandline``.
@@ -82,15 +65,7 @@ class PatchedExperiment(sacred.Experiment):
         return super().run_commandline(argv)
 
     def help_text(self, command: Optional[str], program: str) -> str:
-        """The help of the experiment, or of one of its commands.
-
-        Args:
-            command: A command's name, or ``None`` for the experiment's help.
-            program: How the program was called (``sys.argv[0]``).
-
-        Returns:
-            The text.
-        """
+        """The help of the experiment, or of ``command``; ``program`` is ``argv[0]``."""
         name = pathlib.Path(program).stem
         if program.endswith(".py"):  # python -m imitation_accum.scripts.NAME
             name = f"python -m {__package__}.{name}"
@@ -122,15 +97,7 @@ class PatchedExperiment(sacred.Experiment):
         *args: Any,
         **kwargs: Any,
     ) -> sacred.run.Run:
-        """Runs as ``sacred.Experiment.run`` does, with imitation patched.
-
-        Args:
-            command_name: As for ``sacred.Experiment.run``.
-            config_updates: As for ``sacred.Experiment.run``; a given alternative
-                clears the others (see the class's description).
-            named_configs: As for ``sacred.Experiment.run``.
-            args: As for ``sacred.Experiment.run``.
-            kwargs: As for ``sacred.Experiment.run``.
+        """``sacred.Experiment.run`` with imitation patched and alternatives applied.
 
         Returns:
             The finished run.
@@ -143,17 +110,13 @@ class PatchedExperiment(sacred.Experiment):
     def own_sections(self) -> List[str]:
         """Config sections whose every key this package's hooks check.
 
-        sacred warns that a key was added (or changed type) when a named config
-        or the user sets a key imitation's defaults lack, such as
-        ``reward_trainer_kwargs.minibatch_size``; for these sections the config
-        hooks check each key (rejecting unknown ones with near matches), so the
-        warning says nothing the user can act on and is left out.
+        sacred's warnings that a key of them was added or changed type say nothing
+        the user can act on, and are left out.
         """
         return []
 
     @contextlib.contextmanager
     def _own_keys_quiet(self) -> Iterator[None]:
-        """Leaves out sacred's config warnings about :attr:`own_sections` keys."""
         logger = self.logger or logging.getLogger()
         quiet = _OwnKeysFilter(self.own_sections)
         logger.addFilter(quiet)
@@ -164,7 +127,7 @@ class PatchedExperiment(sacred.Experiment):
 
 
 class _OwnKeysFilter(logging.Filter):
-    """Drops sacred's "Added new config entry" / "Changed type" for given sections."""
+    # Drops sacred's "Added new config entry" / "Changed type" for given sections.
 
     _PATTERN = re.compile(
         r'^(?:Added new config entry: |Changed type of config entry )"([^"]+)"'
@@ -183,18 +146,17 @@ def user_alternatives_win(
     config_updates: Mapping[str, Any],
     alternatives: Mapping[str, Sequence[Tuple[str, ...]]],
 ) -> Dict[str, Any]:
-    """``config_updates`` with the alternatives of each given key set to ``None``.
+    """``config_updates`` (nested), the alternatives of each given key set to ``None``.
 
-    sacred applies named configs under the user's updates, so fixing the other
-    alternatives to ``None`` here keeps a named config from setting them.
+    sacred applies named configs under the user's updates, so this keeps a named
+    config from setting them; two given values are left for the hooks to reject.
 
     Args:
         config_updates: The user's updates (nested or with dotted keys).
         alternatives: Section to groups of alternative keys.
 
     Returns:
-        Nested updates; a group with no value given by the user is left alone,
-        and one with two values given is left for the config hook to reject.
+        The updates, nested.
     """
     updates = copy.deepcopy(convert_to_nested_dict(dict(config_updates)))
     for section, groups in alternatives.items():
@@ -209,26 +171,23 @@ def user_alternatives_win(
 
 
 def derive(
-    imitation_experiment: sacred.Experiment,
-    doc: Optional[str] = None,
+    imitation_experiment: sacred.Experiment, doc: Optional[str] = None
 ) -> PatchedExperiment:
-    """A :class:`PatchedExperiment` that is a copy of one of imitation's experiments.
+    """A :class:`PatchedExperiment` copy of one of imitation's experiments.
 
-    The new experiment shares imitation's ingredients and reuses its config scopes,
-    named configs, config hooks, captured functions, commands and run hooks (no
-    code is copied); what is added to it later does not change imitation's.
+    It shares imitation's ingredients, config scopes, named configs, hooks,
+    captured functions and commands; what is added to it later leaves imitation's
+    experiment as it is.
 
     Args:
         imitation_experiment: Such as imitation's ``train_preference_comparisons_ex``.
-        doc: The new experiment's description (``--help``): the script's
-            docstring.
+        doc: Its description (``--help``).
 
     Returns:
         The new experiment, with the same name.
     """
     ex = PatchedExperiment(
-        str(imitation_experiment.path),
-        ingredients=imitation_experiment.ingredients,
+        str(imitation_experiment.path), ingredients=imitation_experiment.ingredients
     )
     ex.doc = doc or imitation_experiment.doc
     ex.configurations.extend(imitation_experiment.configurations)
@@ -247,7 +206,7 @@ def derive(
 
 
 def _add_run_directory_hooks(ex: sacred.Experiment, training: Set[str]) -> None:
-    """Run hooks of the training commands (not of ``print_config`` and the like)."""
+    # Run hooks of the training commands (not of print_config and the like).
 
     def trains(run: sacred.run.Run) -> bool:
         return run.main_function.__name__ in training
@@ -274,15 +233,12 @@ def _add_run_directory_hooks(ex: sacred.Experiment, training: Set[str]) -> None:
         log_dir = pathlib.Path(_run.config["logging"]["log_dir"]).resolve()
         _log.info(
             f"Done. Run directory: {log_dir} (reward nets under checkpoints/, "
-            "logs under log/, the config in config.json)",
+            "logs under log/, the config in config.json)"
         )
 
 
 def main_console(ex: sacred.Experiment, observe: bool = True) -> None:
-    """Runs ``ex``'s command line, recording runs as imitation's scripts do.
-
-    Runs are recorded (config, metrics, captured output) under
-    ``output/sacred/<experiment name>/`` in the working directory.
+    """Runs ``ex``'s command line, recording runs under ``output/sacred/<name>/``.
 
     Args:
         ex: The experiment.

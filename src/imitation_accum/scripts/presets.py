@@ -1,16 +1,16 @@
-"""The JSON presets of the repository's ``configs/`` folder, and how they are made.
+"""The experiments' named configs (Atari, ``gpu_bf16``) and the presets of ``configs/``.
 
-A preset is a named config written out whole (so ``with configs/NAME.json`` needs
-nothing else) with a few keys changed: a ``memory_budget`` for a GPU's memory, to
-which the trainer's planner sizes minibatches (the batch size, and so the result,
-is the same for every GPU), or a run small enough for a CPU.
-``python -m imitation_accum.scripts.presets`` rewrites them; a test checks that
-they match this table.
+Every game runs on ``imitation_accum/<Game>NoFrameskip-v4`` (84x84 frames, 4 stacked,
+score masked, fixed horizon) with SB3's PPO CNN policy, rl-zoo's Atari
+hyperparameters, and imitation's ``CnnRewardNet`` as the reward net.
+``gpu_bf16`` runs the preference trainer's reward net under bfloat16 autocast.
 
-Activation memory per fragment pair (``fragment_length=100``, imitation's default
-``CnnRewardNet``, 2 x 100 transitions; the bytes autograd saves, counted once per
-tensor): 0.358 GiB on 84x84x4 frames, 1.678 GiB on raw 210x160x3 frames; the
-descriptions say about how many pairs a budget holds.
+A preset is a named config written out whole (``with configs/NAME.json`` needs nothing
+else) with a few keys changed: a ``memory_budget`` for a GPU, to which the planner
+sizes minibatches (the batch, and so the result, is the same on every GPU), or a run
+small enough for a CPU. ``python -m imitation_accum.scripts.presets`` rewrites them.
+Activation memory per pair (``fragment_length=100``, default ``CnnRewardNet``):
+0.358 GiB on 84x84x4 frames, 1.678 GiB on raw 210x160x3 frames.
 """
 
 import argparse
@@ -19,44 +19,223 @@ import dataclasses
 import json
 import pathlib
 import tempfile
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
+from imitation.rewards import reward_nets
+from imitation.util import networks
 from sacred.config import save_config_file
+from stable_baselines3.common import policies
 
-from imitation_accum.scripts import atari_configs
+from imitation_accum.envs import atari
+
+# Named config -> game (ALE name). Each has a known score region to mask.
+GAMES = {
+    "atari_beamrider": "BeamRider",
+    "atari_breakout": "Breakout",
+    "atari_enduro": "Enduro",
+    "atari_pong": "Pong",
+    "atari_qbert": "Qbert",
+    "atari_seaquest": "Seaquest",
+    "atari_spaceinvaders": "SpaceInvaders",
+}
+
+FRAME_BYTES = 84 * 84 * 4  # one stacked, preprocessed observation (uint8)
+RAW_FRAME_BYTES = 210 * 160 * 3  # one raw ALE observation (uint8)
+
+PREFERENCE_DEFAULTS: Dict[str, Any] = dict(
+    total_timesteps=10_000_000,  # 40M frames, the usual Atari budget
+    num_iterations=100,  # 100k agent steps (2.8 GB of frames) buffered per iteration
+    total_comparisons=5000,
+    comparison_queue_size=None,  # all 5,000: 7.3 GB in the frame store
+    fragment_length=100,
+    reward_trainer_kwargs=dict(
+        epochs=3,
+        batch_size=128,  # pairs per optimizer step
+        minibatch_size=16,  # pairs per forward/backward: ~6 GiB of activations
+    ),
+)
+
+#: The preference trainer's arguments for a bfloat16 run on a GPU (``gpu_bf16``).
+GPU_BF16: Dict[str, Any] = {"reward_trainer_kwargs": {"autocast_dtype": "bfloat16"}}
+
+ADVERSARIAL_DEFAULTS: Dict[str, Any] = dict(
+    total_timesteps=10_000_000,
+    algorithm_kwargs=dict(
+        demo_batch_size=1024,  # expert transitions per discriminator update
+        demo_minibatch_size=256,  # expert transitions per forward/backward
+        n_disc_updates_per_round=4,
+    ),
+    # Demonstrations of the same environment, saved with
+    # imitation.data.serialize.save; set demonstrations.path.
+    demonstrations=dict(source="local", path=None),
+)
+
+
+def environment(game: str, raw: bool = False) -> Dict[str, Any]:
+    """The ``environment``, ``policy`` and ``rl`` configs for ALE game ``game``.
+
+    ``raw``: play seals' score-masked game on raw 210x160x3 frames (imitation #506).
+    """
+    return dict(
+        environment=dict(
+            gym_id=f"seals/{game}NoFrameskip-v4" if raw else atari.env_id(game),
+            max_episode_steps=atari.DEFAULT_HORIZON,
+            num_vec=8,
+        ),
+        policy=dict(policy_cls=policies.ActorCriticCnnPolicy),
+        rl=dict(
+            batch_size=1024,  # 128 steps x 8 environments per PPO update
+            rl_kwargs=dict(
+                batch_size=256,
+                n_epochs=4,
+                learning_rate=2.5e-4,
+                clip_range=0.1,
+                ent_coef=0.01,
+                vf_coef=0.5,
+            ),
+        ),
+    )
+
+
+def reward() -> Dict[str, Any]:
+    """The ``reward`` ingredient config of preference comparisons: ``CnnRewardNet``."""
+    return dict(
+        net_cls=reward_nets.CnnRewardNet,
+        net_kwargs=dict(normalize_input_layer=None),  # CNN nets take none
+        normalize_output_layer=networks.RunningNorm,
+    )
+
+
+def preference_config(game: str, raw: bool = False) -> Dict[str, Any]:
+    """The ``atari_<game>`` named config of preference comparisons.
+
+    On raw frames (``atari_pong_unwrapped``) ``batch_size=30`` as in imitation
+    issue #506, in minibatches of 10 pairs (16.8 GiB of activations: a 24 GiB GPU);
+    300 pairs of 20.4 MB keep 6.1 GB of host memory.
+
+    ``raw``: on raw frames, as :func:`environment`.
+    """
+    config = dict(**environment(game, raw), reward=reward(), **PREFERENCE_DEFAULTS)
+    if raw:
+        config.update(
+            num_iterations=400,  # 25k agent steps (2.5 GB of frames) per iteration
+            comparison_queue_size=300,
+            reward_trainer_kwargs=dict(epochs=3, batch_size=30, minibatch_size=10),
+        )
+    return config
+
+
+def adversarial_config(game: str, raw: bool = False) -> Dict[str, Any]:
+    """The ``atari_<game>`` named config of AIRL and GAIL.
+
+    AIRL gets :class:`imitation_accum.reward_nets.CnnShapedRewardNet`, GAIL a
+    ``CnnRewardNet``, under ``algorithm_specific`` (a top-level ``net_cls`` would
+    override the algorithm's).
+
+    ``raw``: on raw frames, as :func:`environment`.
+    """
+    from imitation_accum.nets.shaped import CnnShapedRewardNet
+
+    reward_config = dict(
+        net_kwargs=dict(normalize_input_layer=None),  # CNN nets take none
+        normalize_output_layer=networks.RunningNorm,
+        algorithm_specific=dict(
+            airl=dict(net_cls=CnnShapedRewardNet),
+            gail=dict(net_cls=reward_nets.CnnRewardNet),
+        ),
+    )
+    return dict(**environment(game, raw), reward=reward_config, **ADVERSARIAL_DEFAULTS)
+
+
+def config_host_memory_bytes(config: Dict[str, Any]) -> Dict[str, int]:
+    """:func:`host_memory_bytes` of an Atari preference named config or preset."""
+    raw = config["environment"]["gym_id"].startswith("seals/")
+    pairs = config["total_comparisons"]
+    if config["comparison_queue_size"] is not None:
+        pairs = min(pairs, config["comparison_queue_size"])
+    return host_memory_bytes(
+        frame_bytes=RAW_FRAME_BYTES if raw else FRAME_BYTES,
+        stack=1 if raw else FRAME_BYTES // (84 * 84),
+        comparison_queue_size=pairs,
+        fragment_length=config["fragment_length"],
+        total_timesteps=config["total_timesteps"],
+        num_iterations=config["num_iterations"],
+    )
+
+
+def host_memory_bytes(
+    *,
+    frame_bytes: int,
+    stack: int = 1,
+    comparison_queue_size: int,
+    fragment_length: int,
+    total_timesteps: int,
+    num_iterations: int,
+) -> Dict[str, int]:
+    """Host memory a preference-comparison run keeps for frames, in bytes.
+
+    The frame store keeps a fragment of ``fragment_length`` transitions of
+    ``stack``-frame observations as ``fragment_length + stack`` single frames;
+    agent training keeps one iteration's transitions.
+
+    Args:
+        frame_bytes: Bytes of one observation.
+        stack: Frames stacked in one observation (1: not stacked).
+        comparison_queue_size: Pairs kept in the dataset.
+        fragment_length: Transitions per fragment.
+        total_timesteps: Agent steps in the run.
+        num_iterations: Iterations (agent training is buffered per iteration).
+
+    Returns:
+        ``dataset``, ``agent_buffer`` and their ``total``.
+    """
+    single_frame = frame_bytes // stack
+    dataset = comparison_queue_size * 2 * (fragment_length + stack) * single_frame
+    agent_buffer = total_timesteps // num_iterations * frame_bytes
+    return dict(
+        dataset=dataset, agent_buffer=agent_buffer, total=dataset + agent_buffer
+    )
+
+
+def add_named_configs(
+    ex: Any, fast: Dict[str, Any], game_config: Callable[..., Dict[str, Any]]
+) -> None:
+    """Replaces imitation's ``fast`` named config of ``ex`` and adds the Atari ones.
+
+    Args:
+        ex: The sacred experiment.
+        fast: The ``fast`` config, imitation's extended.
+        game_config: A game's named config (``raw=True``: ``atari_pong_unwrapped``).
+    """
+    del ex.named_configs["fast"]
+    ex.add_named_config("fast", fast)
+    for name, game in GAMES.items():
+        ex.add_named_config(name, game_config(game))
+    ex.add_named_config("atari_pong_unwrapped", game_config("Pong", raw=True))
+
 
 CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[3] / "configs"
 
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-    """A JSON preset: a named config of an experiment, with some keys changed.
+    """A JSON preset of preference comparisons: a named config, some keys changed.
 
     Args:
-        experiment: The experiment module's name.
         named_config: The named config it starts from.
         changes: Keys changed (nested dictionaries are merged).
         description: What it is for (the README's table).
     """
 
-    experiment: str
     named_config: str
     changes: Mapping[str, Any]
     description: str
 
     def config(self) -> Dict[str, Any]:
-        """The whole preset.
-
-        Returns:
-            The named config with :attr:`changes` merged in.
-        """
-        return _merged(_named_config(self.named_config), self.changes)
-
-
-def _named_config(name: str) -> Dict[str, Any]:
-    if name == "atari_pong_unwrapped":
-        return atari_configs.preference_config("Pong", raw=True)
-    return atari_configs.preference_config(atari_configs.GAMES[name])
+        """The named config with :attr:`changes` merged in."""
+        raw = self.named_config == "atari_pong_unwrapped"
+        game = "Pong" if raw else GAMES[self.named_config]
+        return _merged(preference_config(game, raw), self.changes)
 
 
 def _merged(base: Mapping[str, Any], changes: Mapping[str, Any]) -> Dict[str, Any]:
@@ -74,10 +253,9 @@ def _gpu(named_config: str, gib: int, pairs: int, per_pair: float) -> Preset:
     # allocator; the reward trainer's planner sizes minibatches to the rest.
     budget = f"{int(0.75 * gib)}GiB"
     return Preset(
-        experiment="train_preference_comparisons",
         named_config=named_config,
         changes={
-            "reward_trainer_kwargs": {"minibatch_size": None, "memory_budget": budget},
+            "reward_trainer_kwargs": {"minibatch_size": None, "memory_budget": budget}
         },
         description=(
             f"`{named_config}` on a {gib} GB GPU: `memory_budget` {budget}; the "
@@ -88,7 +266,6 @@ def _gpu(named_config: str, gib: int, pairs: int, per_pair: float) -> Preset:
 
 
 QUICKSTART = Preset(
-    experiment="train_preference_comparisons",
     named_config="atari_pong",
     changes=dict(
         total_timesteps=4096,
@@ -123,14 +300,7 @@ PRESETS: Dict[str, Preset] = {
 
 
 def render(preset: Preset) -> str:
-    """The JSON text of ``preset`` (sacred's format: classes as ``py/type``).
-
-    Args:
-        preset: The preset.
-
-    Returns:
-        The file's text.
-    """
+    """The JSON text of ``preset`` (sacred's format: classes as ``py/type``)."""
     # sacred writes config files only to a path: a scratch folder, not the cwd.
     with tempfile.TemporaryDirectory(prefix="presets-") as scratch:
         path = pathlib.Path(scratch) / "preset.json"
@@ -139,11 +309,7 @@ def render(preset: Preset) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Rewrites the presets, or prints the README table with ``--table``.
-
-    Args:
-        argv: Arguments (``sys.argv[1:]`` if ``None``).
-    """
+    """Rewrites the presets, or prints the README table with ``--table`` (``argv``)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--table", action="store_true")
     parser.add_argument(
@@ -161,10 +327,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             kwargs = config["reward_trainer_kwargs"]
             split = kwargs.get("memory_budget") or kwargs["minibatch_size"]
             sizes = f"{kwargs['batch_size']} / {split}"
-            host = atari_configs.config_host_memory_bytes(config)["total"] / 2**30
+            host = config_host_memory_bytes(config)["total"] / 2**30
             print(
                 f"| `configs/{name}.json` | {sizes} | {host:.1f} | "
-                f"{preset.description} |",
+                f"{preset.description} |"
             )
         return
     args.dir.mkdir(exist_ok=True)

@@ -1,29 +1,18 @@
 r"""imitation's AIRL/GAIL experiment, training with this package's discriminators.
 
-The same sacred experiment as ``imitation.scripts.train_adversarial`` (its config,
-named configs, ingredients, ``airl`` and ``gail`` commands and code), run under
-:func:`imitation_accum.patched`: ``algorithm_kwargs`` go to
-:class:`imitation_accum.AIRL` or :class:`imitation_accum.GAIL`, so
-``algorithm_kwargs.demo_minibatch_size`` (alias ``minibatch_size``) accumulates
-exactly and ``max_grad_norm`` is a config key too. Added: the Atari named configs
-(``atari_pong``, ``atari_breakout``, ..., ``atari_pong_unwrapped``; AIRL gets
-:class:`imitation_accum.reward_nets.CnnShapedRewardNet`), a ``fast`` named config
-for tests, and checks that reject a bad config before anything is built.
-
-Demonstrations come from a local file offline: ``demonstrations.source=local
-demonstrations.path=PATH`` (see
-:mod:`imitation_accum.integrations.demonstrations` for how to
-make one).
-
-For example::
+``imitation.scripts.train_adversarial`` (config, named configs, ``airl`` and
+``gail`` commands) run under :func:`imitation_accum.patched`: ``algorithm_kwargs``
+go to :class:`imitation_accum.AIRL` or :class:`imitation_accum.GAIL`, so
+``demo_minibatch_size`` (alias ``minibatch_size``) accumulates exactly. Added: Atari
+named configs (``atari_pong``, ..., ``atari_pong_unwrapped``), ``fast``, and early
+config checks. Demonstrations come from a local file (``demonstrations.path``; see
+:mod:`imitation_accum.integrations.demonstrations`)::
 
     python -m imitation_accum.scripts.train_adversarial airl with atari_pong \
         demonstrations.path=demos/pong algorithm_kwargs.demo_minibatch_size=128
 
-The run directory (``logging.log_dir``, by default
-``output/{airl,gail}/<env>/<timestamp>``) holds the discriminator's reward nets
-(``checkpoints/final/reward_{train,test}.pt``), the generator policy, the logs and
-``config.json``.
+The run directory (``output/{airl,gail}/<env>/<timestamp>``) holds the reward nets
+(``checkpoints/final/reward_{train,test}.pt``), the policy, logs and ``config.json``.
 """
 
 from typing import Any, Dict
@@ -32,7 +21,7 @@ from imitation.scripts.train_adversarial import train_adversarial_ex as imitatio
 
 import imitation_accum
 from imitation_accum.adversarial import arguments
-from imitation_accum.scripts import atari_configs, config_checks, experiment
+from imitation_accum.scripts import config_checks, experiment, presets
 
 train_adversarial_ex = experiment.derive(imitation_ex, doc=__doc__)
 ALGORITHMS = {"airl": imitation_accum.AIRL, "gail": imitation_accum.GAIL}
@@ -60,29 +49,17 @@ _STRIPPED = ("shared", "airl", "gail")
 
 @train_adversarial_ex.config_hook
 def check_algorithm_kwargs(
-    config: Dict[str, Any],
-    command_name: str,
-    logger: Any,
+    config: Dict[str, Any], command_name: str, logger: Any
 ) -> Dict[str, Any]:
-    """Config hook: ``algorithm_kwargs`` are arguments of AIRL or GAIL.
-
-    Raises:
-        ValueError: naming the unknown or invalid ``algorithm_kwargs.<key>``.
-    """
+    """Config hook: ``algorithm_kwargs`` are valid arguments of AIRL or GAIL, by key."""
     algorithm = ALGORITHMS.get(command_name)
     if algorithm is None:  # print_config and other commands
         return {}
     specific = config["algorithm_specific"].get(command_name, {})
-    kwargs = {
-        **config["algorithm_kwargs"],
-        **specific.get("algorithm_kwargs", {}),
-    }
+    kwargs = {**config["algorithm_kwargs"], **specific.get("algorithm_kwargs", {})}
     kwargs = {k: v for k, v in kwargs.items() if k not in _STRIPPED}
     config_checks.check_keywords(
-        "algorithm_kwargs",
-        kwargs,
-        algorithm,
-        exclude=(*_SCRIPT_ARGUMENTS, "custom_logger"),
+        "algorithm_kwargs", kwargs, algorithm, (*_SCRIPT_ARGUMENTS, "custom_logger")
     )
     # The constructors' own checks, each message naming algorithm_kwargs.<key>.
     arguments.check_arguments(kwargs, "algorithm_kwargs.")
@@ -98,9 +75,7 @@ FAST: Dict[str, Any] = dict(
     # imitation's `fast` for this experiment and its ingredients, in one.
     total_timesteps=10,
     algorithm_kwargs=dict(
-        demo_batch_size=4,
-        demo_minibatch_size=2,
-        n_disc_updates_per_round=2,
+        demo_batch_size=4, demo_minibatch_size=2, n_disc_updates_per_round=2
     ),
     environment=dict(num_vec=2, parallel=False, max_episode_steps=5),
     rl=dict(batch_size=2, rl_kwargs=dict(batch_size=2, n_epochs=1)),
@@ -109,11 +84,7 @@ FAST: Dict[str, Any] = dict(
     demonstrations=dict(n_expert_demos=None),
 )
 
-atari_configs.add_named_configs(
-    train_adversarial_ex,
-    FAST,
-    atari_configs.adversarial_config,
-)
+presets.add_named_configs(train_adversarial_ex, FAST, presets.adversarial_config)
 
 
 def main_console() -> None:

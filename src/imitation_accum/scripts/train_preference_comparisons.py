@@ -1,25 +1,20 @@
 r"""imitation's preference-comparisons experiment, training with this package's trainer.
 
-The same sacred experiment as ``imitation.scripts.train_preference_comparisons``
-(its config, named configs, ingredients and code), run under
-:func:`imitation_accum.patched`: ``reward_trainer_kwargs`` go to
-:class:`imitation_accum.CrossEntropyRewardTrainer` (or its ``EnsembleTrainer``), so
-``reward_trainer_kwargs.minibatch_size`` accumulates exactly and the trainer's own
-arguments (``forward_size``, ``max_grad_norm``, ...) are config keys too. Added:
-the Atari named configs (``atari_pong``, ``atari_breakout``, ...,
-``atari_pong_unwrapped``), a ``fast`` named config for tests, and checks that
-reject a bad config before anything is built.
-
-For example::
+``imitation.scripts.train_preference_comparisons`` (config, named configs,
+ingredients) run under :func:`imitation_accum.patched`: ``reward_trainer_kwargs`` go
+to :class:`imitation_accum.CrossEntropyRewardTrainer`, so ``minibatch_size``
+accumulates exactly and the trainer's own arguments are config keys. Added: Atari
+named configs (``atari_pong``, ..., ``atari_pong_unwrapped``), ``fast``, ``gpu_bf16``
+and early config checks::
 
     python -m imitation_accum.scripts.train_preference_comparisons with atari_pong \
         reward_trainer_kwargs.minibatch_size=8
     python -m imitation_accum.scripts.train_preference_comparisons with \
         configs/pong_24gb.json
 
-The run directory (``logging.log_dir``, by default
-``output/train_preference_comparisons/<env>/<timestamp>``) holds the reward net
-(``checkpoints/final/reward_net.pt``), the agent, the logs and ``config.json``.
+The run directory (``output/train_preference_comparisons/<env>/<timestamp>``) holds
+the reward net (``checkpoints/final/reward_net.pt``), the agent, logs and
+``config.json``.
 """
 
 from typing import Any, Dict
@@ -31,7 +26,7 @@ from imitation.scripts.train_preference_comparisons import (
 import imitation_accum
 from imitation_accum import _validation
 from imitation_accum.preference import arguments
-from imitation_accum.scripts import atari_configs, config_checks, experiment
+from imitation_accum.scripts import config_checks, experiment, presets
 
 train_preference_comparisons_ex = experiment.derive(imitation_ex, doc=__doc__)
 train_preference_comparisons_ex.own_sections.extend(
@@ -55,15 +50,9 @@ _COUNTS = (
 
 @train_preference_comparisons_ex.config_hook
 def check_reward_trainer_kwargs(
-    config: Dict[str, Any],
-    command_name: str,
-    logger: Any,
+    config: Dict[str, Any], command_name: str, logger: Any
 ) -> Dict[str, Any]:
-    """Config hook: ``reward_trainer_kwargs`` are arguments of the trainer.
-
-    Raises:
-        ValueError: naming the unknown or invalid ``reward_trainer_kwargs.<key>``.
-    """
+    """Config hook: trainer arguments and counts are valid, named by key if not."""
     config_checks.check_reward_trainer_kwargs(
         config["reward_trainer_kwargs"],
         imitation_accum.CrossEntropyRewardTrainer,
@@ -93,12 +82,10 @@ FAST: Dict[str, Any] = dict(
     policy_evaluation=dict(n_episodes_eval=1),
 )
 
-atari_configs.add_named_configs(
-    train_preference_comparisons_ex,
-    FAST,
-    atari_configs.preference_config,
+presets.add_named_configs(
+    train_preference_comparisons_ex, FAST, presets.preference_config
 )
-train_preference_comparisons_ex.add_named_config("gpu_bf16", atari_configs.GPU_BF16)
+train_preference_comparisons_ex.add_named_config("gpu_bf16", presets.GPU_BF16)
 
 
 def main_console() -> None:

@@ -1,44 +1,36 @@
 """Trains a reward net offline from a saved preference dataset, on one process or many.
 
 imitation saves the preferences a run gathered (``train_preference_comparisons with
-save_preferences=True`` writes ``preferences.pkl``) but has nothing that trains
-from them. This experiment does, with imitation's reward and logging ingredients::
+save_preferences=True``) but cannot train from them; this experiment does::
 
     python -m imitation_accum.scripts.train_reward_model with
         dataset_path=output/.../preferences.pkl reward_trainer_kwargs.minibatch_size=8
-
-(one command line) and on several processes (GPUs, or CPU cores with gloo), with
-the same result::
-
     torchrun --nproc_per_node=4 -m imitation_accum.scripts.train_reward_model with
         dataset_path=output/.../preferences.pkl
 
-A seeded share of the pairs is held out; the loss and accuracy on it are logged
-after every epoch. The training state (reward net, optimizer, generators, epoch) is
-checkpointed atomically to ``{log_dir}/checkpoints/training_state.pt`` and a run
-continues from one with ``resume_from=...``; the final reward net is saved as
-imitation saves it, ``{log_dir}/checkpoints/final/reward_net.pt``, ready for
-``imitation.rewards.serialize.load_reward("RewardNet_normalized", ...)`` (under
-``imitation_accum.patched()``) or :func:`imitation_accum.checkpoint.load_reward_net`.
-Under ``torchrun`` only rank 0 logs and writes files. As a script, it seeds
-torch's global generator with the run's seed (the library itself never does).
-
-The dataset is a frame store (a directory written by
-:meth:`imitation_accum.PreferenceDataset.save`, memory-mapped: processes on one
-machine share one copy) or imitation's pickle; a pickle runs any code it holds when
-loaded, so it is read only with ``trust_pickle=True``. ``python -m
-imitation_accum.scripts.convert_preferences IN.pkl OUT`` converts one to a store.
+The dataset is a frame store (:meth:`imitation_accum.PreferenceDataset.save`,
+memory-mapped) or imitation's pickle, read only with ``trust_pickle=True``
+(``python -m imitation_accum.scripts.convert_preferences IN.pkl OUT`` converts one).
+A seeded share of the pairs is held out and evaluated after every epoch. The
+training state is checkpointed atomically to
+``{log_dir}/checkpoints/training_state.pt`` (continue with ``resume_from=...``),
+the final reward net saved as imitation saves it, to
+``{log_dir}/checkpoints/final/reward_net.pt``. Under ``torchrun`` only rank 0 logs
+and writes files. As a script, it seeds torch's global generator with the run's seed.
 """
 
 import contextlib
+import hashlib
 import logging
 import os
 import pathlib
 import signal
 import sys
 import tempfile
+import types
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
+import gymnasium as gym
 import numpy as np
 import torch as th
 from imitation.algorithms import preference_comparisons as pc
@@ -47,17 +39,19 @@ from imitation.rewards import reward_nets
 from imitation.scripts.ingredients import environment, reward
 from imitation.scripts.ingredients import logging as logging_ingredient
 from imitation.util import logger as imit_logger
+from torch.utils import data as data_th
 
 from imitation_accum import _validation, checkpoint, distributed
-from imitation_accum.scripts import (
-    atari_configs,
-    config_checks,
-    experiment,
-    offline_data,
+from imitation_accum.preference import dataset_checks
+from imitation_accum.preference.dataset import (
+    ImitationPreferenceDataset,
+    PreferenceDataset,
+    read_imitation_pickle,
 )
+from imitation_accum.scripts import config_checks, experiment, presets
 
-# Configured and run under imitation_accum.patched(), as this package's other
-# experiments: imitation's reward ingredient then also builds CNN reward nets.
+# Run under imitation_accum.patched(): imitation's reward ingredient then also
+# builds CNN reward nets.
 train_reward_model_ex = experiment.PatchedExperiment(
     "train_reward_model",
     ingredients=[
@@ -132,31 +126,26 @@ def fast():
     locals()  # quieten flake8
 
 
-for _name, _game in atari_configs.GAMES.items():
+for _name, _game in presets.GAMES.items():
     # The preprocessed, score-masked Atari environment and CnnRewardNet of the
     # preference-comparisons experiment's named config of the same name.
     train_reward_model_ex.add_named_config(
         _name,
         {
-            "environment": atari_configs.environment(_game)["environment"],
-            "reward": atari_configs.reward(),
+            "environment": presets.environment(_game)["environment"],
+            "reward": presets.reward(),
         },
     )
-train_reward_model_ex.add_named_config("gpu_bf16", atari_configs.GPU_BF16)
+train_reward_model_ex.add_named_config("gpu_bf16", presets.GPU_BF16)
 
 
 @train_reward_model_ex.config_hook
 def _check_config(
-    config: Dict[str, Any],
-    command_name: str,
-    logger: Any,
+    config: Dict[str, Any], command_name: str, logger: Any
 ) -> Dict[str, Any]:
-    """Config hook: every key checked before anything is loaded or built.
+    """Config hook: every key checked, and named if wrong, before anything is built.
 
-    A wrong value is named by its key (``reward_trainer_kwargs.minibatch_size``,
-    ``held_out_fraction``, ...). The files (``dataset_path``, ``resume_from``)
-    are needed only to train: ``print_config`` and the other commands run
-    without them.
+    ``dataset_path`` is required only to train (not for ``print_config``).
     """
     trains = command_name == "train_reward_model"
     path = config["dataset_path"]
@@ -164,7 +153,7 @@ def _check_config(
         raise ValueError(
             "dataset_path is required: a PreferenceDataset saved with "
             "PreferenceDataset.save (train_preference_comparisons with "
-            "save_preferences=True writes preferences.pkl)",
+            "save_preferences=True writes preferences.pkl)"
         )
     if path is not None and not pathlib.Path(path).exists():
         raise ValueError(f"dataset_path={path!r}: no such file")
@@ -198,17 +187,158 @@ def _check_config(
 train_reward_model_ex.config_hook(config_checks.check_environment)
 
 
+def load_preference_dataset(
+    path: str, trust_pickle: bool = False
+) -> pc.PreferenceDataset:
+    """Opens a frame store, or loads a pickle saved by imitation's dataset.
+
+    Args:
+        path: A frame-store directory or imitation's pickle.
+        trust_pickle: Whether a pickle may be loaded (that runs any code it holds).
+
+    Returns:
+        The dataset: memory-mapped for a store, imitation's for a pickle.
+
+    Raises:
+        ValueError: naming ``path`` if it is missing, unreadable, a corrupt store,
+            not a ``PreferenceDataset``, or a pickle without ``trust_pickle``.
+    """
+    source = pathlib.Path(path)
+    if source.is_dir():
+        return PreferenceDataset.load(source)
+    if not source.is_file():
+        raise ValueError(f"dataset_path={path!r}: no such file")
+    if not trust_pickle:
+        raise ValueError(
+            f"dataset_path={path!r} is a pickle, and loading a pickle runs any code "
+            "it holds: set trust_pickle=True if you trust the file, or convert it "
+            "once with python -m imitation_accum.scripts.convert_preferences "
+            f"{path} OUT and train on OUT"
+        )
+    return read_imitation_pickle(source, f"dataset_path={path!r}")
+
+
+def _hash_array(digest: "hashlib._Hash", value: Any) -> None:
+    array = np.ascontiguousarray(np.asarray(value))
+    digest.update(f"{array.dtype.str}{array.shape}".encode())
+    digest.update(array.tobytes())
+
+
+def dataset_fingerprint(dataset: Any, sampled_pairs: int = 8) -> str:
+    """A cheap fingerprint of ``dataset``'s contents (checked across ranks, on resume).
+
+    It hashes all preferences, every fragment's length (if the dataset keeps
+    ``fragments1``/``fragments2``), and the frames and actions of ``sampled_pairs``
+    pairs spread evenly over the dataset. A dataset with a ``fingerprint()`` method
+    (a frame store) gives its own.
+
+    Args:
+        dataset: Pairs ``((fragment1, fragment2), preference)`` by index, or
+            anything with a ``fingerprint()`` method.
+        sampled_pairs: How many pairs' observations and actions are hashed.
+
+    Returns:
+        ``dataset.fingerprint()``, or ``"sha256:"`` and a hex digest.
+    """
+    own = getattr(dataset, "fingerprint", None)
+    if callable(own):
+        return str(own())
+    digest = hashlib.sha256()
+    n_pairs = len(dataset)
+    digest.update(f"pairs={n_pairs};".encode())
+    preferences = getattr(dataset, "preferences", None)
+    if preferences is None:
+        preferences = [dataset[i][1] for i in range(n_pairs)]
+    _hash_array(digest, np.asarray(preferences, dtype=np.float64))
+    for name in ("fragments1", "fragments2"):
+        fragments = getattr(dataset, name, None)
+        if fragments is not None:
+            _hash_array(digest, [len(f.acts) for f in fragments])
+    if n_pairs:
+        positions = np.linspace(0, n_pairs - 1, min(n_pairs, sampled_pairs))
+        for position in np.unique(positions.astype(int)):
+            pair, _ = dataset[int(position)]
+            for fragment in pair:
+                _hash_array(digest, fragment.obs)
+                _hash_array(digest, fragment.acts)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def split_held_out(
+    n_pairs: int, fraction: float, seed: int
+) -> Tuple[np.ndarray, np.ndarray]:
+    """Splits ``range(n_pairs)`` into sorted training and held-out indices.
+
+    Args:
+        n_pairs: Pairs in the dataset.
+        fraction: Share held out: ``int(n_pairs * fraction)`` pairs.
+        seed: Seed of the split.
+
+    Returns:
+        ``(train_indices, held_out_indices)``.
+
+    Raises:
+        ValueError: if a positive ``fraction`` holds out no pair.
+    """
+    n_held_out = int(n_pairs * fraction)
+    if fraction > 0 and n_held_out == 0:
+        raise ValueError(
+            f"held_out_fraction={fraction} of {n_pairs} pairs holds out none; "
+            "raise it, or set it to 0 to hold out nothing"
+        )
+    order = np.random.default_rng(seed).permutation(n_pairs)
+    return np.sort(order[n_held_out:]), np.sort(order[:n_held_out])
+
+
+def _subset(dataset: pc.PreferenceDataset, indices: np.ndarray) -> Any:
+    # The pairs `indices`, without copies (a store's Subset is read from the store).
+    if isinstance(dataset, PreferenceDataset):
+        return data_th.Subset(dataset, indices.tolist())
+    part = ImitationPreferenceDataset()
+    part.fragments1 = [dataset.fragments1[i] for i in indices]
+    part.fragments2 = [dataset.fragments2[i] for i in indices]
+    part.preferences = np.asarray(dataset.preferences, dtype=np.float32)[indices]
+    return part
+
+
+def _environment_spaces(config: Mapping[str, Any]) -> types.SimpleNamespace:
+    # The spaces of environment.gym_id, all the reward ingredient reads of a venv.
+    env = gym.make(config["gym_id"], **config["env_make_kwargs"])
+    try:
+        return types.SimpleNamespace(
+            observation_space=env.observation_space, action_space=env.action_space
+        )
+    finally:
+        env.close()
+
+
+def _check_dataset(
+    dataset: pc.PreferenceDataset, spaces: types.SimpleNamespace, path: str, gym_id: str
+) -> None:
+    # Every pair checked against the environment, before any step.
+    if isinstance(dataset, PreferenceDataset):
+        # A store's frames are checked as a whole first, naming its frames file.
+        dataset.check_observation_space(
+            spaces.observation_space, f"dataset_path={path!r}"
+        )
+    dataset_checks.check_dataset(
+        dataset,
+        spaces.observation_space,
+        spaces.action_space,
+        name=f"dataset_path={path!r}",
+        environment=f"what environment.gym_id={gym_id!r} gives",
+        hint="\nSet environment.gym_id (and env_make_kwargs) to the environment "
+        "the preferences came from, or fix the pairs named.",
+    )
+
+
 def _regularizer_factory(
     config: Mapping[str, Any],
 ) -> Optional[regularizers.RegularizerFactory]:
-    """The imitation regularizer factory of the ``regularizer`` config, if any.
-
-    The keys are checked by :func:`config_checks.check_regularizer`.
-    """
     if config["kind"] is None:
         return None
     updater = None
-    val_split = None
+    val_split: Any = None  # imitation's annotation says float; None is its default
     if config["scaling_factor"] is not None:
         updater = updaters.IntervalParamScaler(
             config["scaling_factor"], tuple(config["tolerable_interval"])
@@ -216,15 +346,10 @@ def _regularizer_factory(
         val_split = float(config["val_split"])
     if config["kind"] == "lp":
         return regularizers.LpRegularizer.create(
-            config["initial_lambda"],
-            updater,
-            val_split,  # type: ignore[arg-type]
-            p=config["p"],
+            config["initial_lambda"], updater, val_split, p=config["p"]
         )
     return regularizers.WeightDecayRegularizer.create(
-        config["initial_lambda"],
-        updater,
-        val_split,  # type: ignore[arg-type]
+        config["initial_lambda"], updater, val_split
     )
 
 
@@ -232,28 +357,14 @@ def _check_single_net(net: reward_nets.RewardNet) -> None:
     if any(isinstance(m, reward_nets.RewardEnsemble) for m in net.modules()):
         raise ValueError(
             "reward.net_cls: train_reward_model trains a single reward net, not a "
-            "RewardEnsemble; train each member as its own run",
+            "RewardEnsemble; train each member as its own run"
         )
 
 
 def _check_resumable(
-    state: checkpoint.TrainingState,
-    metadata: Mapping[str, Any],
-    path: str,
+    state: checkpoint.TrainingState, metadata: Mapping[str, Any], path: str
 ) -> None:
-    """Raises unless ``state`` was written for this run's data and split.
-
-    A checkpoint resumes only on the data and held-out split it was trained on.
-
-    Args:
-        state: The checkpoint's training state.
-        metadata: This run's ``dataset_fingerprint``, ``dataset_path``,
-            ``dataset_pairs`` and ``held_out_split``.
-        path: ``resume_from`` (for messages).
-
-    Raises:
-        ValueError: naming ``resume_from`` and the key that differs.
-    """
+    # A checkpoint resumes only on the data and held-out split it was trained on.
     saved = state.metadata
     old = saved.get("dataset_fingerprint")
     new = metadata["dataset_fingerprint"]
@@ -263,7 +374,7 @@ def _check_resumable(
             f"{saved.get('dataset_path', 'another file')!r} (fingerprint "
             f"{old[:19]}), but dataset_path={metadata['dataset_path']!r} holds "
             f"other data (fingerprint {new[:19]}): resume with the dataset the "
-            "checkpoint was trained on",
+            "checkpoint was trained on"
         )
     for key, value in metadata.items():
         if key in ("dataset_fingerprint", "dataset_path"):  # above; a file may move
@@ -272,7 +383,7 @@ def _check_resumable(
             raise ValueError(
                 f"resume_from={path!r} was written for {key}="
                 f"{saved.get(key)!r}, but this run has {value!r}: resume "
-                "with the same dataset_path, held_out_fraction and held_out_seed",
+                "with the same dataset_path, held_out_fraction and held_out_seed"
             )
 
 
@@ -281,7 +392,7 @@ def _apply_configured_optimizer(
     trainer_kwargs: Mapping[str, Any],
     custom_logger: imit_logger.HierarchicalLogger,
 ) -> None:
-    """The configured lr and optimizer_kwargs win over a checkpoint's, and say so."""
+    # The configured lr and optimizer_kwargs win over a checkpoint's, and say so.
     configured = {
         "lr": trainer_kwargs.get("lr", 1e-3),
         **(trainer_kwargs.get("optimizer_kwargs") or {}),
@@ -291,7 +402,7 @@ def _apply_configured_optimizer(
         key = "lr" if name == "lr" else f"optimizer_kwargs.{name}"
         custom_logger.log(
             f"Resuming with reward_trainer_kwargs.{key}={new!r}, not the "
-            f"checkpoint's {old!r}: the configured value is applied",
+            f"checkpoint's {old!r}: the configured value is applied"
         )
 
 
@@ -299,7 +410,7 @@ def _apply_configured_optimizer(
 def _run_logger(
     context: distributed.DistributedContext,
 ) -> Iterator[Tuple[imit_logger.HierarchicalLogger, Optional[pathlib.Path]]]:
-    """The run's imitation logger on rank 0; one that keeps nothing on the others."""
+    # The run's imitation logger on rank 0; one that keeps nothing on the others.
     if context.is_main:
         custom_logger, log_dir = logging_ingredient.setup_logging()
         yield custom_logger, log_dir
@@ -309,7 +420,7 @@ def _run_logger(
 
 
 def _agreed_seed(context: distributed.DistributedContext, seed: int) -> int:
-    """Rank 0's seed on every rank (sacred draws one per process if none is set)."""
+    # Rank 0's seed on every rank (sacred draws one per process if none is set).
     if not context.distributed:
         return seed
     value = th.tensor([seed], dtype=th.int64)
@@ -335,22 +446,7 @@ def train_reward_model(
     environment: Mapping[str, Any],
     _seed: int,
 ) -> Mapping[str, Any]:
-    """Trains a reward net on the preferences in ``dataset_path``.
-
-    Args:
-        dataset_path: A frame store, or a pickle of imitation's dataset.
-        trust_pickle: Whether a pickle at ``dataset_path`` may be loaded.
-        held_out_fraction: Share of the pairs held out and evaluated every epoch.
-        held_out_seed: Seed of the held-out split.
-        preference_model_kwargs: Arguments of imitation's ``PreferenceModel``.
-        reward_trainer_kwargs: Arguments of ``CrossEntropyRewardTrainer``.
-        regularizer: imitation regularizer settings (``kind`` None: none).
-        device: Where to train (``"auto"``: this process's GPU if any).
-        checkpoint_interval: Epochs between checkpoints (0: at the end; <0: never).
-        resume_from: A training state to continue from.
-        collective_timeout_s: How long a collective waits for the other ranks.
-        environment: The environment ingredient's config (for the spaces).
-        _seed: The run's seed (sacred).
+    """Trains a reward net on the preferences in ``dataset_path`` (see the config).
 
     Returns:
         Held-out figures per epoch and the paths of the saved files (rank 0).
@@ -373,13 +469,18 @@ def train_reward_model(
         # generator (the reward net's initial weights) is seeded from the run's seed.
         th.manual_seed(seed)
 
-        dataset = offline_data.load_preference_dataset(dataset_path, trust_pickle)
-        spaces = offline_data.environment_spaces(environment)
-        offline_data.check_dataset(dataset, spaces, dataset_path, environment["gym_id"])
-        data_fingerprint = offline_data.same_data_on_every_rank(
-            context, dataset, dataset_path
+        dataset = load_preference_dataset(dataset_path, trust_pickle)
+        spaces = _environment_spaces(environment)
+        _check_dataset(dataset, spaces, dataset_path, environment["gym_id"])
+        fingerprint = dataset_fingerprint(dataset)
+        distributed.check_same_on_every_rank(
+            context,
+            "the data",
+            fingerprint,
+            shown=f"dataset_path={dataset_path!r}, fingerprint {fingerprint[:19]}",
+            advice=": every rank must load the same dataset",
         )
-        train_idx, held_out_idx = offline_data.split_held_out(
+        train_idx, held_out_idx = split_held_out(
             len(dataset), held_out_fraction, held_out_seed
         )
         if len(train_idx) < batch_size:
@@ -387,12 +488,14 @@ def train_reward_model(
                 f"dataset_path={dataset_path!r} has {len(dataset)} pairs; after "
                 f"holding out {len(held_out_idx)} (held_out_fraction="
                 f"{held_out_fraction}), {len(train_idx)} remain for training, fewer "
-                f"than one batch (reward_trainer_kwargs.batch_size={batch_size})",
+                f"than one batch (reward_trainer_kwargs.batch_size={batch_size})"
             )
         metadata = {
             "dataset_pairs": len(dataset),
-            "held_out_split": offline_data.split_digest(held_out_idx),
-            "dataset_fingerprint": data_fingerprint,
+            "held_out_split": hashlib.sha256(
+                held_out_idx.astype(np.int64).tobytes()
+            ).hexdigest(),
+            "dataset_fingerprint": fingerprint,
             "dataset_path": str(dataset_path),
         }
 
@@ -423,10 +526,9 @@ def train_reward_model(
             custom_logger.log(f"Resuming from {resume_from} after epoch {first_epoch}")
             _apply_configured_optimizer(trainer, reward_trainer_kwargs, custom_logger)
 
-        checkpoint_dir = None if log_dir is None else log_dir / "checkpoints"
         state_path = None
-        if checkpoint_dir is not None and checkpoint_interval >= 0:
-            state_path = checkpoint_dir / checkpoint.TRAINING_STATE_NAME
+        if log_dir is not None and checkpoint_interval >= 0:
+            state_path = log_dir / "checkpoints" / checkpoint.TRAINING_STATE_NAME
             checkpoint.remove_stale_temporaries(state_path)
 
         def save_state(epoch: int) -> None:
@@ -436,36 +538,32 @@ def train_reward_model(
                 )
                 checkpoint.save_training_state(captured, state_path)
 
-        train_set = offline_data.subset(dataset, train_idx)
-        held_out_set = offline_data.subset(dataset, held_out_idx)
+        train_set = _subset(dataset, train_idx)
+        held_out_set = _subset(dataset, held_out_idx)
         history: List[Dict[str, float]] = []
-        for epoch in range(first_epoch, epochs):
+        for epoch in range(first_epoch + 1, epochs + 1):
             trainer.train(train_set)
-            figures: Dict[str, float] = {"epoch": epoch + 1}
+            figures: Dict[str, float] = {"epoch": epoch}
             if len(held_out_idx):
                 result = trainer.evaluate(held_out_set)
-                figures["loss"] = result.loss
-                figures["accuracy"] = result.metrics["accuracy"]
+                figures.update(loss=result.loss, accuracy=result.metrics["accuracy"])
                 custom_logger.record("held_out/loss", result.loss)
                 custom_logger.record("held_out/accuracy", result.metrics["accuracy"])
-            custom_logger.record("epoch", epoch + 1)
-            custom_logger.dump(epoch + 1)
+            custom_logger.record("epoch", epoch)
+            custom_logger.dump(epoch)
             history.append(figures)
-            last = epoch + 1 == epochs
-            periodic = (
-                checkpoint_interval > 0 and (epoch + 1) % checkpoint_interval == 0
-            )
-            if periodic or last:
-                save_state(epoch + 1)
+            periodic = checkpoint_interval > 0 and epoch % checkpoint_interval == 0
+            if periodic or epoch == epochs:
+                save_state(epoch)
 
+        if first_epoch >= epochs:  # nothing trained: still leave a state
+            save_state(first_epoch)
         results: Dict[str, Any] = {"epochs": epochs, "held_out": history}
-        if checkpoint_dir is not None:
-            final = checkpoint_dir / "final" / "reward_net.pt"
+        if log_dir is not None:
+            final = log_dir / "checkpoints" / "final" / "reward_net.pt"
             results["reward_net"] = str(checkpoint.save_reward_net(net, final))
-            if state_path is not None:
-                if first_epoch >= epochs:  # nothing trained: still leave a state
-                    save_state(first_epoch)
-                results["training_state"] = str(state_path)
+        if state_path is not None:
+            results["training_state"] = str(state_path)
         return results
 
 
