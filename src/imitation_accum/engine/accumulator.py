@@ -1,8 +1,7 @@
 """The accumulate-then-step loop shared by every trainer of the package.
 
-A task computes each chunk's outputs and loss; the engine runs a step plan's chunks
-in one or two passes, divides each chunk's summed loss by the batch's item count,
-and does everything that happens once per batch after the last chunk.
+A task computes each chunk's outputs and loss; the engine runs a plan's chunks in
+one or two passes and does what happens once per batch after the last chunk.
 """
 
 import contextlib
@@ -21,7 +20,6 @@ from typing import (
     Optional,
     Protocol,
     Sequence,
-    Tuple,
     TypeVar,
 )
 
@@ -59,10 +57,7 @@ class AccumulationTask(Protocol[ChunkT_contra]):
         """The keys of ``metric_sums`` (reported even by a process without items)."""
 
     def forward(self, chunk: ChunkT_contra, forward_size: int) -> Any:
-        """Runs ``chunk`` through the net in calls of at most ``forward_size``.
-
-        Returns a tensor, or a tuple-like of them with ``float()`` (one per side).
-        """
+        """``chunk``'s outputs (with ``float()``), in calls of ``forward_size``."""
 
     def loss(self, chunk: ChunkT_contra, outputs: Any) -> ChunkLoss:
         """Computes the chunk's item losses from its outputs."""
@@ -71,11 +66,9 @@ class AccumulationTask(Protocol[ChunkT_contra]):
 class TwoPassTask(AccumulationTask[ChunkT_contra], Protocol):
     """A task whose chunks may split items: the two-pass method.
 
-    Pass 1 runs every chunk without gradient and adds up each item's group sums
-    (a fragment's return, linear in the outputs); the loss and its gradient with
-    respect to the sums are computed once; pass 2 re-runs each chunk with gradient
-    and backpropagates ``partial_sums . d loss / d sums``. The RNG is rewound
-    between the passes, so both draw the same dropout masks.
+    Pass 1 adds up, without gradient, each item's group sums (linear in the
+    outputs); pass 2 re-runs each chunk with gradient and backpropagates
+    ``partial_sums . d loss / d sums``, drawing pass 1's dropout masks.
     """
 
     def partial_sums(self, chunk: ChunkT_contra, outputs: th.Tensor) -> th.Tensor:
@@ -105,9 +98,9 @@ class StepResult:
     peak_memory_bytes: int
     two_pass: bool = False
     skipped: bool = False
-    """float16 only: the scaled gradients overflowed and the step was skipped."""
+    """float16: the scaled gradients overflowed and the step was skipped."""
     loss_scale: Optional[float] = None
-    """float16 only: the gradient scale after the step's update."""
+    """float16: the gradient scale after the step."""
     item_outputs: Optional[th.Tensor] = None
     """The chunks' ``item_outputs``, concatenated in chunk order (one pass)."""
 
@@ -124,17 +117,16 @@ class EvaluationResult:
 class GradientAccumulator(Generic[ChunkT]):
     """Accumulates gradients over chunks and steps once per batch.
 
-    Each chunk's loss is the sum of its items' losses divided by the batch's item
-    count, so the accumulated gradient is the full-batch gradient whatever the
-    split. The regularizer, clipping and the optimizer step run once, after the
-    last chunk; a step that fails leaves no trace. The methods a process group
-    shares (``_chunk_context``, ``_backward``, ``_global_sum``,
-    ``_join_without_items``, ``_all_reduce_moments``) are overridden by the
-    distributed engine.
+    Each chunk's summed loss is divided by the batch's item count, so the
+    accumulated gradient is the full-batch gradient whatever the split. The
+    regularizer, clipping and the optimizer step run once, after the last chunk;
+    a step that fails leaves no trace. The distributed engine overrides the hooks
+    ``_chunk_context``, ``_backward``, ``_global_sum``, ``_join_without_items``
+    and ``_all_reduce_moments``.
 
     Args:
-        net: The reward net every reward-net call invokes; its
-            ``RunningNorm``/``EMANorm`` layers get full-batch statistics.
+        net: The reward net; its ``RunningNorm``/``EMANorm`` layers get
+            full-batch statistics.
         optimizer: The optimizer to step once per batch.
         regularizer: imitation regularizer, applied once per step.
         max_grad_norm: If given, the gradient norm is clipped to it once per step.
@@ -166,6 +158,8 @@ class GradientAccumulator(Generic[ChunkT]):
         self.max_grad_norm = max_grad_norm
         self.norms = norm_replay.NormReplay(net)
         self.n_steps = 0
+        self.n_skipped_steps = 0
+        """float16 steps skipped for overflowing gradients."""
         self.configure(
             autocast_dtype=autocast_dtype,
             activation_checkpointing=activation_checkpointing,
@@ -180,10 +174,9 @@ class GradientAccumulator(Generic[ChunkT]):
         """Sets the precision of reward-net forwards and activation checkpointing.
 
         Args:
-            autocast_dtype: ``None`` (full precision), ``torch.bfloat16`` or
-                ``torch.float16``: every reward-net forward of a step runs under
-                ``torch.autocast`` in it; float16 adds a ``GradScaler`` (losses
-                scaled per chunk; unscale, clip, step and update once per batch).
+            autocast_dtype: ``None``, ``torch.bfloat16`` or ``torch.float16``:
+                forwards run under ``torch.autocast`` in it; float16 adds a
+                ``GradScaler`` (unscale, clip, step and update once per batch).
             activation_checkpointing: Run the net's CNN stacks under
                 non-reentrant checkpointing in forwards with gradient.
 
@@ -210,10 +203,9 @@ class GradientAccumulator(Generic[ChunkT]):
         return stack
 
     def measuring(self, *, checkpointing: bool = True) -> contextlib.ExitStack:
-        """Context of probing calls: as a step's forwards, but leaving no trace.
+        """Context of probing calls: a step's forwards, leaving RNG and norms alone.
 
-        The RNG and norm statistics are left alone; autocast applies as in a step,
-        and checkpointing as in forwards with gradient if ``checkpointing``.
+        Checkpointing applies as with gradient if ``checkpointing``.
         """
         stack = contextlib.ExitStack()
         stack.enter_context(forked_rng(self.device))
@@ -243,10 +235,8 @@ class GradientAccumulator(Generic[ChunkT]):
 
         Args:
             task: Computes each chunk's outputs and loss.
-            chunks: The batch, cut as ``plan`` says: chunks of whole items (one
-                pass), or of transitions that may split items (two passes).
-            plan: The step's plan: passes, transitions per reward-net call, and the
-                calls in all (with a single call, norm layers update themselves).
+            chunks: The batch, cut as ``plan`` says.
+            plan: The step's plan.
             n_items: Items in the whole batch (the loss divisor).
 
         Returns:
@@ -254,9 +244,8 @@ class GradientAccumulator(Generic[ChunkT]):
 
         Raises:
             FloatingPointError: if the loss or the gradient is not finite. After
-                this or any other error raised before the optimizer steps (such as
-                ``torch.OutOfMemoryError``), parameters, norm buffers, optimizer
-                and scaler state and the torch RNG are as before the step.
+                this or any error before the optimizer steps (such as out of
+                memory), all training state and the torch RNG are as before.
         """
         device = self.device
         start = time.perf_counter()
@@ -336,7 +325,7 @@ class GradientAccumulator(Generic[ChunkT]):
         else:
             if self.regularizer is not None:
                 regularize(self.regularizer, self.params, mean_loss, self.device)
-            grad_norm = self._clip_and_measure()
+            grad_norm = clip_and_measure(self.params, self.max_grad_norm)
             if not np.isfinite(grad_norm):
                 raise FloatingPointError(
                     f"non-finite gradient norm at step {self.n_steps} after "
@@ -348,6 +337,7 @@ class GradientAccumulator(Generic[ChunkT]):
             self.scaler.update()
             self._scaler_pending = False
             loss_scale = float(self.scaler.get_scale())
+            self.n_skipped_steps += int(overflow)
         else:
             self.optimizer.step()
         item_outputs = [
@@ -401,7 +391,12 @@ class GradientAccumulator(Generic[ChunkT]):
                 sums = sums + task.partial_sums(
                     chunk, task.forward(chunk, forward_size).float()
                 )
-        out, sums_grad = self._loss_of_sums(task, chunks, sums, n_items)
+        # The gradient of this process's loss with respect to its own sums: exact
+        # while each item's loss depends on its own sums (pairs are split whole).
+        leaf = sums.detach().requires_grad_(True)
+        with th.enable_grad():
+            out = task.loss_of_sums(chunks, leaf)
+            (sums_grad,) = th.autograd.grad(out.loss_sum / n_items, leaf)
         rewind_rng()
         for index, chunk in enumerate(chunks):
             with self._chunk_context(index, len(chunks)):
@@ -409,7 +404,8 @@ class GradientAccumulator(Generic[ChunkT]):
                     outputs = task.forward(chunk, forward_size)
                 part = task.partial_sums(chunk, outputs.float())
                 self._backward(th.dot(part, sums_grad))
-        return [out]
+        metrics = {name: value.detach() for name, value in out.metric_sums.items()}
+        return [ChunkLoss(out.loss_sum.detach(), out.item_losses.detach(), metrics)]
 
     def _gather_norm_statistics(
         self,
@@ -434,9 +430,6 @@ class GradientAccumulator(Generic[ChunkT]):
 
         return norm_replay.settled_statistics(self.norms, gather)
 
-    def _clip_and_measure(self) -> float:
-        return clip_and_measure(self.params, self.max_grad_norm)
-
     def evaluate(
         self,
         task: AccumulationTask[ChunkT],
@@ -447,8 +440,7 @@ class GradientAccumulator(Generic[ChunkT]):
     ) -> EvaluationResult:
         """Full-batch loss and metrics without gradient, in evaluation mode.
 
-        Evaluation mode freezes norm statistics and disables dropout, so the
-        figures do not depend on how the items are split into chunks.
+        Norm statistics are frozen and dropout off, so the split does not matter.
 
         Args:
             task: Computes each chunk's outputs and loss.
@@ -476,26 +468,6 @@ class GradientAccumulator(Generic[ChunkT]):
             item_losses=losses,
             metrics=self._global_means(outs, task.metric_names, n_items),
         )
-
-    def _loss_of_sums(
-        self,
-        task: TwoPassTask[Any],
-        chunks: Sequence[Any],
-        sums: th.Tensor,
-        n_items: int,
-    ) -> Tuple[ChunkLoss, th.Tensor]:
-        """Two-pass: the batch's detached losses from pass 1's sums, and their gradient.
-
-        The gradient is that of ``loss_sum / n_items`` with respect to ``sums``,
-        from this process's sums: exact while each item's loss depends on its own
-        sums only (pairs are split among processes whole).
-        """
-        leaf = sums.detach().requires_grad_(True)
-        with th.enable_grad():
-            out = task.loss_of_sums(chunks, leaf)
-            (grad,) = th.autograd.grad(out.loss_sum / n_items, leaf)
-        metrics = {name: value.detach() for name, value in out.metric_sums.items()}
-        return ChunkLoss(out.loss_sum.detach(), out.item_losses.detach(), metrics), grad
 
     def _chunk_context(
         self, index: int, n_chunks: int
@@ -574,9 +546,8 @@ def regularize(
 ) -> None:
     """Applies an imitation regularizer once, to the batch's mean loss.
 
-    A leaf on ``device`` stands for the batch loss: loss regularizers add their
-    penalty to it and backpropagate; weight regularizers decay ``params`` in place,
-    which a failure undoes.
+    A leaf on ``device`` stands for the batch loss; a weight regularizer's in-place
+    decay of ``params`` is undone if it fails.
     """
     saved = None
     if not isinstance(regularizer, regularizers.LossRegularizer):

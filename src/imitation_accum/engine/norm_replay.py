@@ -1,10 +1,7 @@
-"""Once-per-step statistics for imitation's stateful input normalization layers.
+"""Once-per-step statistics for imitation's ``RunningNorm``/``EMANorm`` layers.
 
-In the reference forward each call of a ``RunningNorm``/``EMANorm`` updates the
-layer's statistics from all it sees, then normalizes with them. Across chunks,
-:class:`NormReplay` reproduces that: a no-grad pre-pass gathers each call's input
-moments, the layer's update rule is replayed on them, the chunks run with the
-replayed statistics, and the buffers end where the reference leaves them.
+A no-grad pre-pass gathers each call's input moments, the layer's update rule is
+replayed on them, and the chunks run with the replayed statistics.
 """
 
 import contextlib
@@ -132,9 +129,8 @@ class NormReplay:
             m for m in net.modules() if isinstance(m, SUPPORTED_NORMS)
         ]
         self._calls = [0] * len(self.layers)
-        # Whether some layer's input depends on another layer's output; learnt on
-        # the first step (None until then).
         self.chained: Optional[bool] = None
+        """Whether a layer's input depends on another's output (learnt on step 1)."""
 
     @property
     def active(self) -> bool:
@@ -174,8 +170,7 @@ class NormReplay:
     ) -> Iterator[CallMoments]:
         """Records, per layer and call, the moments of the inputs of every net call.
 
-        Each call normalizes with ``provisional`` statistics (as from
-        :meth:`replay`; the layer's current buffers if ``None``) and updates nothing.
+        Calls normalize with ``provisional`` statistics (``None``: the buffers).
 
         Yields:
             The moments gathered so far; complete once the context exits.
@@ -261,13 +256,10 @@ class NormReplay:
 def settled_statistics(
     norms: NormReplay, gather: Callable[[Optional[CallStats]], CallMoments]
 ) -> ReplayedStatistics:
-    """Statistics from no-grad pre-passes, repeated until they settle.
+    """Statistics from no-grad pre-passes, repeated until the moments settle.
 
-    A layer whose input depends on another norm layer's output needs the pre-pass
-    repeated until the gathered moments stop changing; whether the net is like
-    that is learnt on the first step by running a second pass (``norms.chained``).
-    ``gather(provisional)`` runs one pre-pass, normalizing with the provisional
-    per-call statistics (``None`` at first), and returns the moments every call saw.
+    Chained norm layers need repeats; the first step learns ``norms.chained``.
+    ``gather(provisional)`` runs one pre-pass with the provisional statistics.
 
     Raises:
         RuntimeError: if the moments do not settle.

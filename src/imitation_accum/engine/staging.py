@@ -1,9 +1,7 @@
 """Chunk inputs on their way to the device, the next chunk's during this one's compute.
 
-A :class:`Stager` returns a chunk's host arrays on the device and, before it does,
-starts the copy of the next chunk's. On CUDA arrays go through page-locked buffers
-on a side stream; elsewhere they become tensors at once. Arrays keep their dtype
-(``uint8`` frames stay ``uint8`` until the device).
+On CUDA arrays go through page-locked buffers on a side stream; elsewhere they become
+tensors at once. Arrays keep their dtype (``uint8`` frames stay ``uint8``).
 """
 
 import dataclasses
@@ -50,11 +48,10 @@ class Transport(Protocol):
 
 
 class CudaTransport:
-    """Copies through page-locked buffers on a side CUDA stream.
+    """Copies through two page-locked buffers, used in turn, on a side CUDA stream.
 
-    Two buffers are used in turn, each reused once its last copy is done; arrays
-    already page-locked go as they are. Destination tensors are allocated on the
-    compute stream, so the caching allocator never hands their memory out early.
+    Destination tensors are allocated on the compute stream, so the caching
+    allocator never hands their memory out early.
 
     Args:
         device: The CUDA device.
@@ -136,7 +133,7 @@ class Stager(Generic[ChunkT]):
         self.transport: Optional[Transport] = transport
         self._device: Optional[th.device] = None
         self._host_arrays: Optional[Callable[[ChunkT], MaybeArrays]] = None
-        self._chunks: List[ChunkT] = []
+        self._chunks: List[ChunkT] = []  # keeps the ids below valid
         self._following: Dict[int, ChunkT] = {}
         self._pending: Dict[int, Pending] = {}
 
@@ -146,11 +143,9 @@ class Stager(Generic[ChunkT]):
         host_arrays: Callable[[ChunkT], MaybeArrays],
         device: th.device,
     ) -> None:
-        """Sets the chunks of a step, in the order they will be fetched.
+        """Sets a step's chunks, in fetch order, and ``host_arrays(chunk)``'s arrays.
 
-        ``host_arrays(chunk)`` lists a chunk's arrays (``None`` entries are kept);
-        they go to ``device``. Copies under way for an earlier schedule are dropped,
-        once the compute stream has waited for them.
+        Copies under way for an earlier schedule are waited for and dropped.
         """
         if self.transport is not None:
             for pending in self._pending.values():
@@ -160,15 +155,12 @@ class Stager(Generic[ChunkT]):
             self.transport = CudaTransport(device) if cuda else None
         self._device = device
         self._host_arrays = host_arrays
-        self._chunks = list(chunks)  # keeps the ids below valid
+        self._chunks = list(chunks)
         self._following = {id(a): b for a, b in zip(self._chunks, self._chunks[1:])}
         self._pending = {}
 
     def fetch(self, chunk: ChunkT) -> MaybeTensors:
-        """``chunk``'s arrays on the device; starts moving the next chunk's.
-
-        A chunk fetched again, as in a second pass, is copied again.
-        """
+        """``chunk``'s arrays on the device (copied again if fetched again)."""
         assert self._host_arrays is not None, "schedule() the chunks first"
         if self.transport is None:
             return [
@@ -202,28 +194,25 @@ class RowSource(Protocol):
 
 @dataclasses.dataclass
 class StagedRows:
-    """Transitions ``[offset, offset + len)`` of a layout, already on the device.
-
-    It gathers as the layout does, by slicing: a call on it moves nothing.
-    """
+    """A layout's transitions from ``offset`` on, on the device; gathers by slicing."""
 
     fields: Tuple[th.Tensor, th.Tensor, Optional[th.Tensor], th.Tensor]
     offset: int
     n_transitions: int
-    """Transitions of the whole layout (as ``FragmentLayout.n_transitions``)."""
+    """Transitions of the whole layout."""
 
     def gather(
         self, start: int, stop: int, next_obs: bool = True
     ) -> Tuple[th.Tensor, th.Tensor, Optional[th.Tensor], th.Tensor]:
         """``(obs, acts, next_obs, dones)`` of transitions ``[start, stop)``."""
-        lo, hi = start - self.offset, stop - self.offset
         obs, acts, next_frames, dones = self.fields
         if next_obs and next_frames is None:
             raise ValueError("next observations were not staged")
+        rows = slice(start - self.offset, stop - self.offset)
         staged_next = (
-            None if next_frames is None or not next_obs else next_frames[lo:hi]
+            next_frames[rows] if next_obs and next_frames is not None else None
         )
-        return obs[lo:hi], acts[lo:hi], staged_next, dones[lo:hi]
+        return obs[rows], acts[rows], staged_next, dones[rows]
 
 
 #: A chunk's transition ranges: ``(source, start, stop)`` each.
@@ -231,7 +220,7 @@ Ranges = Sequence[Tuple[RowSource, int, int]]
 
 
 class RangeStager(Generic[ChunkT]):
-    """A :class:`Stager` for chunks made of transition ranges of layouts.
+    """A :class:`Stager` of chunks made of transition ranges of layouts.
 
     Args:
         transport: As for :class:`Stager`.
@@ -249,10 +238,7 @@ class RangeStager(Generic[ChunkT]):
         *,
         next_obs: bool,
     ) -> None:
-        """Sets the chunks of a step and the ``ranges`` each one reads.
-
-        As :meth:`Stager.schedule`; ``next_obs``: whether next observations go too.
-        """
+        """As :meth:`Stager.schedule`; ``next_obs``: whether next observations go."""
         self._ranges = ranges
 
         def host_arrays(chunk: ChunkT) -> MaybeArrays:

@@ -1,8 +1,7 @@
 """Memory budgets: parsing, ``"auto"``, and what training state needs.
 
-A ``memory_budget`` bounds what training the reward net holds on its device:
-parameters, their gradients, the optimizer's state, and one step's activations
-and temporaries. The preference data already in memory is not counted.
+A ``memory_budget`` bounds what training holds on the device: parameters, gradients,
+optimizer state and one step's activations (not the data already in memory).
 """
 
 import math
@@ -26,10 +25,8 @@ _BUDGET_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGN
 #: processes (and, on a CPU, the page cache they need) keep the rest.
 AUTO_FRACTION = {"cuda": 0.85, "cpu": 0.7}
 
-#: Optimizer state per parameter, in parameter-sized tensors, for optimizers that
-#: have not stepped yet (an unknown optimizer is assumed to keep two). SGD's
-#: momentum buffer is counted even without momentum; RMSprop's three are the
-#: square average, momentum buffer and grad average (centered).
+#: Parameter-sized state tensors of optimizers that have not stepped yet (unknown:
+#: two). SGD's momentum buffer counts even without momentum.
 _STATE_TENSORS = {"SGD": 1, "Adagrad": 1, "RMSprop": 3}
 
 
@@ -118,9 +115,8 @@ def _sysconf_bytes(pages: str) -> Optional[int]:
 def available_bytes(device: th.device) -> int:
     """Memory that training on ``device`` could still take.
 
-    On CUDA, the device's free memory plus what PyTorch's caching allocator holds
-    unused; elsewhere the host's available memory (``MemAvailable``, or a
-    container's remaining limit if lower).
+    On CUDA, free memory plus what the caching allocator holds unused; elsewhere
+    ``MemAvailable``, or a container's remaining limit if lower.
 
     Raises:
         ValueError: if the host's available memory cannot be read.
@@ -157,9 +153,7 @@ def _state_tensors(optimizer: th.optim.Optimizer) -> Iterable[th.Tensor]:
 def training_state_bytes(optimizer: th.optim.Optimizer) -> int:
     """Parameters, gradients and optimizer state that training keeps on the device.
 
-    Optimizer state that does not exist yet (before the first step) is estimated
-    from the optimizer's class (two parameter-sized tensors for Adam/AdamW, and
-    for an optimizer this function does not know).
+    State not allocated yet is estimated from the optimizer's class.
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]
     param_bytes = _tensor_bytes(params)
@@ -180,8 +174,7 @@ def resident_training_bytes(optimizer: th.optim.Optimizer) -> int:
 def resolve_budget(budget: Budget, device: th.device, resident_bytes: int) -> int:
     """The budget in bytes; ``"auto"`` takes a share of ``device``'s free memory.
 
-    ``resident_bytes``, training state already allocated on the device, is part of
-    what an ``"auto"`` budget covers, though no longer free.
+    ``"auto"`` also covers ``resident_bytes``, training state already allocated.
     """
     if budget != AUTO:
         return int(budget)
@@ -227,12 +220,10 @@ def machine_bytes() -> int:
 def beyond_memory(
     memory_budget: Optional[Budget], total: int, where: str, name: str = "memory_budget"
 ) -> Optional[str]:
-    """Says so if a budget in bytes is larger than ``total``.
+    """Says so if a budget in bytes is larger than ``total`` (0: unknown).
 
-    Such a budget plans chunks that cannot fit, and fails only once training
-    allocates them; a typo (``"600GiB"`` for ``"6GiB"``) is the usual cause.
-    ``None``, ``"auto"`` and an unknown ``total`` (0) pass; ``where`` says whose
-    memory ``total`` is, ``name`` the argument's name.
+    Such a budget (often a typo, ``"600GiB"``) fails only once training allocates.
+    ``where`` says whose memory ``total`` is, ``name`` the argument's name.
 
     Returns:
         The message, or ``None`` if the budget fits.

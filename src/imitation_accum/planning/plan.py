@@ -1,13 +1,8 @@
 """Planning a step: how one batch is cut into chunks and reward-net calls.
 
-A :class:`StepPolicy` is plain data built from a trainer's attributes when
-``train()`` runs; :func:`plan_step` is a pure function of it and the batch's
-lengths; :func:`run_step` redoes a step with the chunk halved after out-of-memory.
-
-Items may have *sides* (a fragment pair has two): each side of a chunk is laid end
-to end on its own and calls go to the sides in turn, with the same shapes when the
-sides are alike, so that a direction whose exact gradient is zero (a constant
-reward shift) gets contributions that cancel bit for bit, as AdamW needs.
+Items may have *sides* (a fragment pair has two), each laid end to end on its own;
+calls go to the sides in turn with like shapes, so that a direction whose exact
+gradient is zero (a constant reward shift) gets contributions that cancel bit for bit.
 """
 
 import dataclasses
@@ -33,8 +28,7 @@ def pair_chunks(
 ) -> List[slice]:
     """Slices of consecutive items, at most ``max_items`` and ``max_transitions``.
 
-    ``None`` is no limit; an item larger than ``max_transitions`` gets a chunk of
-    its own.
+    ``None`` is no limit; a larger item gets a chunk of its own.
     """
     if max_transitions is None:
         return plan_chunks(len(item_transitions), max_items)
@@ -72,11 +66,10 @@ def _as_sides(item_transitions: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class StepPlan:
-    """How one step runs: what the engine and the chunk builders consume.
+    """How one step runs: the engine's and the chunk builders' input.
 
-    Either one pass in chunks of whole items, each side in calls of
-    ``forward_size``; or two passes in chunks of one call each that may split
-    items (when one item exceeds the memory cap, or when asked for).
+    One pass in chunks of whole items, each side in calls of ``forward_size``, or
+    two passes in chunks of one call each that may split items.
     """
 
     two_pass: bool
@@ -97,11 +90,7 @@ class StepPlan:
     def one_pass(
         cls, lengths: np.ndarray, chunks: List[slice], forward_size: int, reason: str
     ) -> "StepPlan":
-        """A plan in ``chunks`` of whole items, each side in calls of ``forward_size``.
-
-        ``lengths`` are the items' transitions, ``(n_items,)`` or per side
-        ``(n_items, n_sides)``.
-        """
+        """A plan in ``chunks`` of whole items of ``lengths`` transitions (per side)."""
         sides = _as_sides(lengths)
         sizes = tuple(int(sides[s].sum()) for s in chunks)
         calls = sum(
@@ -140,8 +129,7 @@ class StepPolicy:
     minibatch_size: Optional[int] = None
     """Items per one-pass chunk; ``None``: no limit."""
     chunk_cap: Optional[int] = None
-    """Units per chunk that fit in memory (a budget, or out-of-memory back-offs);
-    ``None``: not limited."""
+    """Units per chunk that fit in memory; ``None``: not limited."""
     forward_size: Optional[int] = None
     """Transitions per reward-net call; ``None``: one call per chunk."""
     two_pass: Optional[bool] = None
@@ -157,7 +145,7 @@ class StepPolicy:
         return limit if self.forward_size is None else min(self.forward_size, limit)
 
     def backed_off(self, plan: StepPlan, error: BaseException) -> "StepPolicy":
-        """This policy with chunks half as large as ``plan``'s, which ran out of memory.
+        """This policy with chunks half as large as ``plan``'s (out of memory).
 
         Raises:
             torch.OutOfMemoryError: if the failed chunks held a single unit.
@@ -186,8 +174,7 @@ def plan_step(item_transitions: np.ndarray, policy: StepPolicy) -> StepPlan:
 
     Args:
         item_transitions: Transitions per item of (this process's share of) the
-            batch, ``(n_items,)``, or per side ``(n_items, n_sides)`` for items
-            whose sides are laid out mirrored (fragment pairs).
+            batch, ``(n_items,)``, or per side ``(n_items, n_sides)``.
         policy: The trainer's policy.
 
     Raises:
@@ -217,8 +204,7 @@ def plan_step(item_transitions: np.ndarray, policy: StepPolicy) -> StepPlan:
 def plan_evaluation(item_transitions: np.ndarray, policy: StepPolicy) -> StepPlan:
     """The plan of a no-grad evaluation: chunks of whole items, one pass.
 
-    Without gradient no graph is kept, so an item larger than the memory cap
-    needs no second pass: its calls are at most the cap.
+    Without a graph, an item larger than the memory cap needs no second pass.
     """
     sides = _as_sides(item_transitions)
     if not len(sides):
@@ -249,8 +235,7 @@ def run_step(
         evaluation: Plan a no-grad evaluation instead of a training step.
 
     Returns:
-        The policy the step ran with (halved after out-of-memory errors), its
-        plan, and what ``step`` returned.
+        The policy the step ran with, its plan, and what ``step`` returned.
 
     Raises:
         torch.OutOfMemoryError: if chunks of one unit do not fit.

@@ -1,9 +1,7 @@
 """The saved-bytes probe: what a chunk of any size needs, from a few small calls.
 
-A forward/backward of the reward net on a few transitions, during which
-``torch.autograd.graph.saved_tensors_hooks`` counts the bytes autograd keeps, gives
-the bytes of a chunk of any size. The estimate is conservative: on a CPU an overrun
-meets the kernel's OOM killer (on CUDA the trainers halve the chunk and redo it).
+``saved_tensors_hooks`` count the bytes autograd keeps in calls on a few transitions.
+The estimate is conservative: on a CPU an overrun meets the kernel's OOM killer.
 """
 
 import dataclasses
@@ -13,15 +11,12 @@ import torch as th
 
 from imitation_accum.planning import budget
 
-#: Multiplier on every per-transition figure: allocator overheads. On a CPU glibc
-#: may keep freed blocks resident (measured: up to 2.8x the saved bytes, 2.3x the
-#: unmultiplied estimate); CUDA's caching allocator rounds blocks up and fragments.
+#: Multiplier for allocator overheads: on a CPU glibc may keep freed blocks resident
+#: (measured: up to 2.3x the estimate); CUDA's allocator rounds up and fragments.
 ALLOCATOR_FACTOR = {"cuda": 1.2, "cpu": 3.0}
 
-#: On a CPU, transitions per reward-net call are as many as keep one call's
-#: activations (saved and transient bytes) within this: convolutions over Atari
-#: frames ran several times faster in calls of a few frames than in one call of a
-#: chunk, while an MLP wants the whole chunk.
+#: On a CPU, one call's activations stay within this: convolutions over Atari frames
+#: ran several times faster in calls of a few frames, while an MLP wants the chunk.
 CPU_CALL_BYTES = 64 * 2**20
 
 #: Fixed workspace per step beyond the estimate (cuDNN, oneDNN scratch pads).
@@ -47,10 +42,9 @@ def measure_saved_bytes(
     params: Sequence[th.Tensor],
     device: th.device,
 ) -> SavedBytes:
-    """Counts the bytes autograd saves during ``run(n_transitions)``.
+    """Counts the bytes autograd saves during ``run(n_transitions)``, not ``params``.
 
-    ``params`` are never counted; the output is then backpropagated to them with
-    ``torch.autograd.grad`` (``.grad`` is left alone), which frees the graph.
+    The output is then backpropagated with ``torch.autograd.grad`` (``.grad`` stays).
     """
     exclude = {(str(p.device), p.untyped_storage().data_ptr()) for p in params}
     storages: Dict[Tuple[str, int], int] = {}
@@ -82,10 +76,7 @@ def measure_saved_bytes(
 
 
 def _fit(points: Sequence[Tuple[int, float]]) -> Tuple[float, float]:
-    """Slope per transition and intercept per call through ``(n, bytes)`` points.
-
-    With one point, all of it is slope; neither is negative.
-    """
+    """Slope per transition and intercept per call (one point: all slope), >= 0."""
     (n1, b1), (n2, b2) = points[0], points[-1]
     if n2 == n1:
         return max(b2 / n2, 0.0), 0.0
@@ -105,9 +96,7 @@ class ActivationProfile:
     saved_per_call: float
     """Bytes autograd keeps per reward-net call (e.g. low-precision weight copies)."""
     transient_per_transition: float
-    """Bytes per transition of the call being computed, beyond what it keeps:
-    recomputed activations under checkpointing, gradients flowing back (twice the
-    largest activation), converted inputs."""
+    """Bytes per transition of the call being computed, beyond what it keeps."""
     measured_peak: Optional[Tuple[float, float]] = None
     """CUDA: (per transition, per call) of the probe's measured peak."""
 
@@ -124,8 +113,7 @@ class ActivationProfile:
     def chunk_bytes(self, n_transitions: int, call_size: int) -> float:
         """Bytes of a step with chunks of ``n_transitions`` in calls of ``call_size``.
 
-        ``fixed + reserve + factor * (n * saved + calls * saved_per_call + F *
-        transient)``, and on CUDA at least the probe's measured peak, extrapolated.
+        On CUDA at least the probe's measured peak, extrapolated.
         """
         call_size = max(1, min(call_size, n_transitions))
         calls = -(-n_transitions // call_size)
@@ -158,11 +146,7 @@ class ActivationProfile:
         return low
 
     def forward_size(self) -> Optional[int]:
-        """Transitions per reward-net call for this net and device; deterministic.
-
-        On CUDA the whole chunk (``None``: the memory cap bounds it); on a CPU the
-        calls whose activations fit :data:`CPU_CALL_BYTES`.
-        """
+        """Transitions per call on a CPU (within :data:`CPU_CALL_BYTES`); else None."""
         if self.device_type != "cpu":
             return None
         per_transition = self.saved_per_transition + self.transient_per_transition
@@ -239,11 +223,8 @@ def profile_calls(
 ) -> ActivationProfile:
     """:func:`profile_activations` of ``call(0, n)``, run in ``measuring(ckpt)``.
 
-    ``call(start, stop)`` is one reward-net call on transitions of a sample of
-    ``available``, as a step makes it; ``measuring(checkpointing)`` is the context
-    it runs in, leaving no trace on the RNG or norm statistics. ``checkpointed``
-    steps are also measured without checkpointing. The other arguments are
-    :func:`profile_activations`'s.
+    ``call(start, stop)`` is one reward-net call on a sample of ``available``
+    transitions; ``checkpointed`` steps are also measured without checkpointing.
     """
 
     def runner(checkpointing: bool) -> Callable[[int], th.Tensor]:
@@ -310,10 +291,10 @@ def budget_message(
     largest_batch: int,
     items: str = "pairs",
 ) -> str:
-    """One log line on what a budget of ``budget_bytes`` holds.
+    """One log line on what a budget holds.
 
-    ``cap``, ``item`` and ``largest_batch`` are the transitions of a chunk that
-    fits, of the largest item and of the largest batch; ``items`` names an item.
+    ``cap``, ``item``, ``largest_batch``: transitions of a chunk that fits, of the
+    largest item and of the largest batch.
     """
     fits = (
         f"{cap // item} {items}"
