@@ -1,8 +1,7 @@
 """How the reward net's forward runs: precision, checkpointing, accelerator options.
 
-None of these changes what a step computes beyond round-off. Each is checked before
-training, naming its argument, and holds only while a trainer trains or a forward
-runs: the net is left as it was, so it saves and pickles as before.
+None changes a step beyond round-off; each holds only while a trainer trains or a
+forward runs, so the net saves and pickles as before.
 """
 
 import bisect
@@ -27,20 +26,17 @@ class Acceleration:
     """Accelerator options of a trainer; all off by default but ``reuse_host_memory``.
 
     Attributes:
-        pinned_staging: Stage each chunk's inputs in page-locked memory and copy
-            them on a side CUDA stream, the next chunk's during this one's compute
-            (:mod:`imitation_accum.engine.staging`); a pass-through on a CPU.
+        pinned_staging: Copy each chunk's inputs through page-locked memory on a
+            side CUDA stream, a chunk ahead (:mod:`imitation_accum.engine.staging`).
         channels_last: Run the reward net's convolution stacks in the
             ``channels_last`` memory format (weights and inputs).
         compile: Run the reward net's ``forward`` through ``torch.compile`` with
-            static shapes: a ragged call is padded to a row count already compiled,
-            and the padding's outputs dropped (:class:`StaticShapeForward`). Nets
-            with ``RunningNorm``/``EMANorm`` layers are refused.
+            static shapes (:class:`StaticShapeForward`); not with norm layers.
         cudnn_benchmark: Turn on ``torch.backends.cudnn.benchmark`` while training.
-        compile_backend: The ``torch.compile`` backend (``"inductor"``, PyTorch's
-            default; ``"aot_eager"`` compiles nothing and is quick to set up).
-        reuse_host_memory: While the reward net trains on the CPU, keep freed
-            heap memory for the next chunk (:mod:`imitation_accum.engine.host_memory`).
+        compile_backend: The ``torch.compile`` backend (``"aot_eager"`` compiles
+            nothing and is quick to set up).
+        reuse_host_memory: On a CPU, keep freed heap memory for the next chunk
+            (:mod:`imitation_accum.engine.host_memory`).
 
     Example:
         >>> trainer = CrossEntropyRewardTrainer(  # doctest: +SKIP
@@ -83,16 +79,10 @@ class Acceleration:
     def parse(
         cls, value: AccelerationArg, name: str = "acceleration"
     ) -> "Acceleration":
-        """Checks an ``acceleration`` argument.
-
-        Args:
-            value: ``None`` (the defaults), an :class:`Acceleration`, or a mapping
-                of its fields (as a sacred config gives it).
-            name: The argument's name, for error messages.
+        """Checks ``value``: ``None``, an :class:`Acceleration` or a mapping of fields.
 
         Raises:
-            ValueError: for an unknown field or a value of the wrong type, naming
-                it as ``<name>.<field>``.
+            ValueError: for an unknown field or a bad value, naming ``<name>.<field>``.
         """
         if value is None:
             return cls()
@@ -121,9 +111,8 @@ class Acceleration:
         """Checks that the options suit ``net`` and ``activation_checkpointing``.
 
         Raises:
-            ValueError: if ``channels_last`` is asked for a net without a
-                convolution stack, or ``compile`` for a net with norm layers or
-                together with activation checkpointing.
+            ValueError: ``channels_last`` without a CNN, ``compile`` with norm
+                layers or with activation checkpointing.
         """
         if self.compile and activation_checkpointing:
             raise ValueError(
@@ -147,10 +136,7 @@ class Acceleration:
 
     @contextlib.contextmanager
     def applied(self, net: nn.Module) -> Iterator[None]:
-        """Applies the net-side options to ``net`` while training it, undone on exit.
-
-        ``pinned_staging`` is the tasks' business (they read it).
-        """
+        """Applies the net-side options to ``net`` inside the context."""
         with contextlib.ExitStack() as stack:
             parameter = next(net.parameters(), None)
             if parameter is None or parameter.device.type == "cpu":
@@ -210,8 +196,7 @@ def parse_autocast_dtype(
 def check_supported(dtype: Optional[th.dtype], device: th.device) -> None:
     """Checks that ``device`` can run the reward net under autocast in ``dtype``.
 
-    float16 needs CUDA (its gradient scaling and fast kernels are CUDA's; on a CPU
-    bfloat16 has float32's range); bfloat16 on CUDA needs Ampere or later.
+    float16 needs CUDA (gradient scaling); bfloat16 on CUDA needs Ampere or later.
 
     Raises:
         ValueError: if the device cannot.
@@ -235,13 +220,6 @@ def check_supported(dtype: Optional[th.dtype], device: th.device) -> None:
             f"autocast_dtype='bfloat16': {th.cuda.get_device_name(device)} does not "
             "support bfloat16; use 'float16'"
         )
-
-
-def make_grad_scaler(
-    dtype: Optional[th.dtype], device: th.device
-) -> Optional[th.amp.GradScaler]:
-    """A ``GradScaler`` for float16, none otherwise."""
-    return th.amp.GradScaler(device.type) if dtype == th.float16 else None
 
 
 def checkpointable_cnns(net: nn.Module) -> List[nn.Module]:
@@ -282,9 +260,8 @@ def check_checkpointable(net: nn.Module) -> None:
 def checkpointing(stacks: Sequence[nn.Module]) -> Iterator[None]:
     """Runs each stack under non-reentrant activation checkpointing.
 
-    A stack called with gradient keeps only its input for the backward and
-    recomputes its activations there (with the same dropout masks). ``forward`` is
-    overridden on the instance only, so state dicts and pickles are unaffected.
+    A stack called with gradient keeps only its input and recomputes the rest in
+    the backward (with the same dropout masks).
     """
     with contextlib.ExitStack() as context:
         for stack in {id(stack): stack for stack in stacks}.values():
@@ -309,9 +286,8 @@ def _to_channels_last(module: nn.Module, args: Any) -> Any:
 def channels_last(net: nn.Module) -> Iterator[None]:
     """Runs the convolution stacks of ``net`` in the ``channels_last`` format.
 
-    Their 4-d weights are converted in place (the parameters stay the same
-    objects, so the optimizer keeps them), and a pre-hook hands each stack its
-    input in ``channels_last``. On exit the weights return to the contiguous format.
+    Weights are converted in place (the optimizer keeps the same parameters) and
+    back on exit; a pre-hook converts each stack's input.
     """
     stacks = checkpointable_cnns(net)
     handles = []
@@ -330,10 +306,8 @@ def channels_last(net: nn.Module) -> Iterator[None]:
 class StaticShapeForward:
     """Calls a compiled function with row counts it has already seen.
 
-    A call of ``n`` rows runs as the smallest row count seen so far that is at
-    least ``n``, padded with zero rows whose outputs are cut off (no weight in any
-    loss, no gradient); only a call larger than every earlier one compiles a new
-    shape, so the last, ragged call of a step never does.
+    A call of ``n`` rows runs padded with zero rows, whose outputs are cut off, to
+    the smallest count seen that is at least ``n``; only a larger call compiles.
 
     Args:
         function: The compiled ``forward``; every argument holds one row per

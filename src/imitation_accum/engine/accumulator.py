@@ -184,7 +184,11 @@ class GradientAccumulator(Generic[ChunkT]):
             ValueError: if checkpointing is asked for and the net has no CNN stack.
         """
         self.autocast_dtype = autocast_dtype
-        self.scaler = acceleration.make_grad_scaler(autocast_dtype, self.device)
+        self.scaler = (
+            th.amp.GradScaler(self.device.type)
+            if autocast_dtype == th.float16
+            else None
+        )
         self._scaler_pending = False
         self.checkpointed: List[nn.Module] = []
         if activation_checkpointing:
@@ -440,27 +444,17 @@ class GradientAccumulator(Generic[ChunkT]):
     ) -> EvaluationResult:
         """Full-batch loss and metrics without gradient, in evaluation mode.
 
-        Norm statistics are frozen and dropout off, so the split does not matter.
-
-        Args:
-            task: Computes each chunk's outputs and loss.
-            chunks: The items to evaluate, in chunks of whole items.
-            plan: The planner's plan (its ``forward_size`` is used).
-            n_items: Items in all chunks (over all processes).
-
-        Returns:
-            Mean loss, per-item losses and mean metrics.
+        ``chunks`` hold whole items, ``n_items`` in all (over all processes).
         """
-        outs = []
         with (
             th.no_grad(),
             networks.evaluating(self.net),
             self.forward_context(grad=False),
         ):
-            for chunk in chunks:
-                outs.append(
-                    task.loss(chunk, task.forward(chunk, plan.forward_size).float())
-                )
+            outs = [
+                task.loss(chunk, task.forward(chunk, plan.forward_size).float())
+                for chunk in chunks
+            ]
         losses = _item_losses(outs)
         total = self._global_sum(th.as_tensor(losses.sum(), dtype=th.float64))
         return EvaluationResult(
@@ -490,14 +484,11 @@ class GradientAccumulator(Generic[ChunkT]):
         self, outs: Sequence[ChunkLoss], names: Sequence[str], n_items: int
     ) -> Dict[str, float]:
         """Each metric summed over the chunks and all processes, over ``n_items``."""
-        sums: Dict[str, Any] = {}
-        for out in outs:
-            for name, value in out.metric_sums.items():
-                sums[name] = sums.get(name, 0) + value
         means = {}
-        for name in dict.fromkeys([*names, *sums]):
-            value = th.as_tensor(sums.get(name, 0.0), device=self.device)
-            means[name] = float(self._global_sum(value)) / n_items
+        for name in dict.fromkeys([*names, *(n for o in outs for n in o.metric_sums)]):
+            values = [o.metric_sums[name] for o in outs if name in o.metric_sums]
+            total = th.as_tensor(sum(values, 0.0), device=self.device)
+            means[name] = float(self._global_sum(total)) / n_items
         return means
 
     def _all_reduce_moments(

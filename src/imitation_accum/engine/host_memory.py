@@ -1,8 +1,7 @@
 """Freed host memory kept for the next chunk while a reward net trains on a CPU.
 
-glibc's ``malloc`` gives the freed top of its heap back to the kernel beyond its trim
-threshold, so each chunk faults its activations in again (5 to 8 % of an epoch in the
-benchmark's CNN runs). :func:`kept_for_reuse` raises that threshold while training.
+Beyond glibc's trim threshold the freed top of the heap goes back to the kernel, and
+each chunk faults its activations in again (5 to 8 % of an epoch in CNN benchmarks).
 """
 
 import contextlib
@@ -46,11 +45,7 @@ def glibc() -> Optional[ctypes.CDLL]:
 
 
 def applies() -> bool:
-    """Whether :func:`kept_for_reuse` changes anything in this process.
-
-    Not where the environment sets one of :data:`TUNING_VARIABLES` (its owner tuned
-    ``malloc`` already), nor without glibc.
-    """
+    """Whether :func:`kept_for_reuse` acts: glibc, no :data:`TUNING_VARIABLES` set."""
     if any(name in os.environ for name in TUNING_VARIABLES):
         return False
     return glibc() is not None
@@ -58,10 +53,7 @@ def applies() -> bool:
 
 @contextlib.contextmanager
 def kept_for_reuse(enabled: bool = True) -> Iterator[bool]:
-    """Keeps freed heap memory in the process inside the block.
-
-    The trim threshold is raised to 2 GiB inside and lowered to 64 MiB on exit, so
-    that the heap's top goes back to the kernel at the next ``free``.
+    """Keeps freed heap memory in the process inside the block (trim threshold 2 GiB).
 
     Args:
         enabled: ``False`` makes it a no-op (the trainers' opt-out).

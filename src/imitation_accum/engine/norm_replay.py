@@ -19,8 +19,7 @@ def check_accumulable(net: nn.Module) -> None:
     """Rejects layers of ``net`` whose training-mode output depends on the batch split.
 
     Raises:
-        ValueError: if ``net`` contains a batch-norm layer, or a subclass of
-            imitation's ``BaseNorm`` whose update rule cannot be replayed.
+        ValueError: for a batch norm or a ``BaseNorm`` that cannot be replayed.
     """
     for name, module in net.named_modules():
         where = f"reward net module '{name or '<root>'}' ({type(module).__name__})"
@@ -114,9 +113,7 @@ def _replay(layer: networks.BaseNorm, state: Dict[str, th.Tensor], m: Moments) -
 
 
 class NormReplay:
-    """Reproduces one full-batch training forward's norm statistics across chunks.
-
-    ``net`` is the root module each reward-net call invokes.
+    """Reproduces one full-batch forward's norm statistics across ``net``'s chunks.
 
     Raises:
         ValueError: if ``net`` contains a layer that cannot be accumulated exactly.
@@ -168,12 +165,10 @@ class NormReplay:
     def gathering(
         self, provisional: Optional[CallStats] = None
     ) -> Iterator[CallMoments]:
-        """Records, per layer and call, the moments of the inputs of every net call.
-
-        Calls normalize with ``provisional`` statistics (``None``: the buffers).
+        """Records each layer's input moments per call; normalizes with ``provisional``.
 
         Yields:
-            The moments gathered so far; complete once the context exits.
+            The moments, complete once the context exits.
         """
         gathered: CallMoments = [[] for _ in self.layers]
 
@@ -193,9 +188,8 @@ class NormReplay:
     def replay(self, moments: CallMoments) -> ReplayedStatistics:
         """Replays each layer's update rule call by call over the batch's moments."""
         per_call: CallStats = []
-        final: List[Dict[str, th.Tensor]] = []
-        for layer, calls in zip(self.layers, moments):
-            state = {name: buf.clone() for name, buf in layer.named_buffers()}
+        final = self.snapshot()
+        for layer, calls, state in zip(self.layers, moments, final):
             stats = []
             for call_moments in calls:
                 _replay(layer, state, call_moments)
@@ -203,7 +197,6 @@ class NormReplay:
                     (state["running_mean"].clone(), state["running_var"].clone())
                 )
             per_call.append(stats)
-            final.append(state)
         return ReplayedStatistics(per_call, final)
 
     @contextlib.contextmanager

@@ -50,8 +50,7 @@ class Transport(Protocol):
 class CudaTransport:
     """Copies through two page-locked buffers, used in turn, on a side CUDA stream.
 
-    Destination tensors are allocated on the compute stream, so the caching
-    allocator never hands their memory out early.
+    Targets are allocated on the compute stream: the allocator never reuses them early.
 
     Args:
         device: The CUDA device.
@@ -118,14 +117,8 @@ class Stager(Generic[ChunkT]):
     """Moves each chunk's host arrays to the device, one chunk ahead.
 
     Args:
-        transport: How arrays reach the device. By default: through pinned
-            buffers on CUDA; elsewhere arrays become tensors when fetched.
-
-    Example:
-        >>> stager = Stager()  # doctest: +SKIP
-        >>> stager.schedule(chunks, lambda c: [c.obs, c.acts], device)  # doctest: +SKIP
-        >>> for chunk in chunks:  # doctest: +SKIP
-        ...     obs, acts = stager.fetch(chunk)  # the next chunk is on its way
+        transport: How arrays reach the device (default: :class:`CudaTransport`
+            on CUDA; elsewhere arrays become tensors when fetched).
     """
 
     def __init__(self, transport: Optional[Transport] = None) -> None:

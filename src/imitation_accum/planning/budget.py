@@ -48,8 +48,6 @@ def parse_budget(value: object, name: str = "memory_budget") -> Optional[Budget]
     """
     if value is None:
         return None
-    if isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be bytes, a size such as '6GiB', or 'auto'")
     if isinstance(value, str):
         if value.strip().lower() == AUTO:
             return AUTO
@@ -62,7 +60,9 @@ def parse_budget(value: object, name: str = "memory_budget") -> Optional[Budget]
                 "or 'auto'"
             )
         number = float(match.group(1)) * _UNITS[unit]
-    elif isinstance(value, (int, float, np.integer, np.floating)):
+    elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    ):
         number = float(value)
     else:
         raise ValueError(
@@ -113,10 +113,7 @@ def _sysconf_bytes(pages: str) -> Optional[int]:
 
 
 def available_bytes(device: th.device) -> int:
-    """Memory that training on ``device`` could still take.
-
-    On CUDA, free memory plus what the caching allocator holds unused; elsewhere
-    ``MemAvailable``, or a container's remaining limit if lower.
+    """Memory training on ``device`` could still take (CUDA: free plus cached unused).
 
     Raises:
         ValueError: if the host's available memory cannot be read.
@@ -187,9 +184,7 @@ def check_holds_training_state(
     optimizer: th.optim.Optimizer,
     what: str = "the parameters, their gradients and the optimizer state",
 ) -> None:
-    """Checks that a budget in bytes holds the training state of ``optimizer``.
-
-    ``None`` and ``"auto"`` pass; ``what`` names the state in the message.
+    """Checks that a budget in bytes holds ``what``, the state of ``optimizer``.
 
     Raises:
         ValueError: if the budget is smaller.

@@ -47,10 +47,7 @@ def pair_chunks(
 
 def transition_ranges(n_transitions: int, size: int) -> List[Tuple[int, int]]:
     """Consecutive ``[start, stop)`` ranges of ``size`` covering ``n_transitions``."""
-    return [
-        (start, min(start + size, n_transitions))
-        for start in range(0, n_transitions, size)
-    ]
+    return [(s.start, s.stop) for s in plan_chunks(n_transitions, size)]
 
 
 def n_calls(n_transitions: int, forward_size: int) -> int:
@@ -170,16 +167,10 @@ def _item_chunks(lengths: np.ndarray, policy: StepPolicy) -> Tuple[List[slice], 
 
 
 def plan_step(item_transitions: np.ndarray, policy: StepPolicy) -> StepPlan:
-    """The plan of a training step whose items hold ``item_transitions``.
-
-    Args:
-        item_transitions: Transitions per item of (this process's share of) the
-            batch, ``(n_items,)``, or per side ``(n_items, n_sides)``.
-        policy: The trainer's policy.
+    """The plan of a training step; ``item_transitions``: ``(n_items,)`` or per side.
 
     Raises:
-        ValueError: if ``two_pass=False`` is pinned but one item exceeds the
-            memory cap.
+        ValueError: if ``two_pass=False`` but one item exceeds the memory cap.
     """
     sides = _as_sides(item_transitions)
     if not len(sides):
@@ -226,13 +217,8 @@ def run_step(
 
     ``step`` must leave no trace when it raises (the engine rolls back).
 
-    Args:
-        item_transitions: Transitions per item of the batch.
-        step: Builds the plan's chunks and runs them.
-        policy: The trainer's policy.
-        device: Whose cached memory to release before a retry.
-        log: Where a back-off is reported.
-        evaluation: Plan a no-grad evaluation instead of a training step.
+    ``step(plan)`` builds the chunks and runs them; ``log`` reports a back-off;
+    ``device``'s cached memory is released before a retry.
 
     Returns:
         The policy the step ran with, its plan, and what ``step`` returned.

@@ -5,6 +5,7 @@ The estimate is conservative: on a CPU an overrun meets the kernel's OOM killer.
 """
 
 import dataclasses
+import functools
 from typing import Any, Callable, ContextManager, Dict, Optional, Sequence, Tuple
 
 import torch as th
@@ -177,16 +178,9 @@ def profile_activations(
 ) -> ActivationProfile:
     """The probe: a few small reward-net calls, counted.
 
-    Args:
-        run: One reward-net call with gradient, as the step makes it (same
-            autocast and checkpointing), on the first ``n`` transitions of a sample.
-        max_transitions: Transitions the sample holds.
-        params: The net's parameters.
-        device: The net's device.
-        fixed_bytes: Parameters, gradients and optimizer state.
-        input_bytes_per_transition: Bytes of one transition's converted inputs.
-        run_without_checkpointing: The same call without activation
-            checkpointing, if ``run`` checkpoints: what a recomputation holds.
+    ``run(n)`` is one reward-net call with gradient, as a step makes it, on the
+    first ``n`` of ``max_transitions``; ``run_without_checkpointing`` the same call
+    without checkpointing, if ``run`` checkpoints. ``fixed_bytes``: the training state.
     """
     sizes = sorted({max(1, min(2, max_transitions)), max(1, min(4, max_transitions))})
     measured = [measure_saved_bytes(run, n, params, device) for n in sizes]
@@ -227,21 +221,20 @@ def profile_calls(
     transitions; ``checkpointed`` steps are also measured without checkpointing.
     """
 
-    def runner(checkpointing: bool) -> Callable[[int], th.Tensor]:
-        def run(n: int) -> th.Tensor:
-            with measuring(checkpointing):
-                return call(0, n)
-
-        return run
+    def run(n: int, checkpointing: bool = True) -> th.Tensor:
+        with measuring(checkpointing):
+            return call(0, n)
 
     return profile_activations(
-        runner(True),
+        run,
         max_transitions=available,
         params=params,
         device=device,
         fixed_bytes=fixed_bytes,
         input_bytes_per_transition=input_bytes_per_transition,
-        run_without_checkpointing=runner(False) if checkpointed else None,
+        run_without_checkpointing=(
+            functools.partial(run, checkpointing=False) if checkpointed else None
+        ),
     )
 
 
@@ -254,21 +247,10 @@ def fit_budget(
     largest_batch: int,
     unit: str = "transition",
 ) -> Tuple[int, int]:
-    """The largest chunk ``memory_budget`` holds, and the budget in bytes.
-
-    Args:
-        memory_budget: Bytes or ``"auto"``.
-        profile: The probe's measurements of the net.
-        device: The net's device (``"auto"`` reads its free memory).
-        resident_bytes: Training state already on the device.
-        largest_batch: Units of the largest batch (no cap above it).
-        unit: What the cap counts, for the message.
-
-    Returns:
-        Units per chunk, and the budget in bytes.
+    """Units per chunk (at most ``largest_batch``) a budget holds, and its bytes.
 
     Raises:
-        ValueError: if not even one unit fits.
+        ValueError: if not even one ``unit`` fits.
     """
     in_bytes = budget.resolve_budget(memory_budget, device, resident_bytes)
     cap = profile.max_chunk_transitions(in_bytes, largest_batch)
