@@ -12,12 +12,16 @@ def _is_int(value: object) -> TypeGuard[Union[int, np.integer[Any]]]:
     )
 
 
-def positive_int(name: str, value: object) -> int:
-    """Returns ``value`` as an ``int`` if it is a positive int (not a bool).
+def _is_finite_number(value: object) -> TypeGuard[Union[int, float, np.number[Any]]]:
+    return (
+        isinstance(value, (int, float, np.number))
+        and not isinstance(value, bool)
+        and bool(np.isfinite(value))
+    )
 
-    Raises:
-        ValueError: naming ``name`` otherwise.
-    """
+
+def positive_int(name: str, value: object) -> int:
+    """``value`` as an ``int`` if a positive int (not a bool), else ``ValueError``."""
     if not _is_int(value) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}.")
     return int(value)
@@ -29,22 +33,14 @@ def optional_positive_int(name: str, value: object) -> Optional[int]:
 
 
 def non_negative_int(name: str, value: object) -> int:
-    """Returns ``value`` as an ``int`` if it is an int of at least 0 (a seed).
-
-    Raises:
-        ValueError: naming ``name`` otherwise (bools are rejected too).
-    """
+    """``value`` as an ``int`` if an int >= 0 (a seed; no bool), else ``ValueError``."""
     if not _is_int(value) or value < 0:
         raise ValueError(f"{name} must be an int >= 0, got {value!r}.")
     return int(value)
 
 
 def positive_count(name: str, value: object) -> int:
-    """A positive whole number, also written as a float (``1e6`` on a command line).
-
-    Raises:
-        ValueError: naming ``name`` if ``value`` is not a positive whole number.
-    """
+    """:func:`positive_int`, also of a whole float (``1e6`` on a command line)."""
     if isinstance(value, (float, np.floating)) and float(value).is_integer():
         value = int(value)
     return positive_int(name, value)
@@ -56,11 +52,7 @@ def minibatch_within_batch(
     batch_name: str,
     batch_size: int,
 ) -> None:
-    """Checks that a minibatch (``None``: the whole batch) is no larger than its batch.
-
-    Raises:
-        ValueError: naming both arguments if ``minibatch_size > batch_size``.
-    """
+    """Raises ``ValueError`` naming both if ``minibatch_size > batch_size``."""
     if minibatch_size is not None and minibatch_size > batch_size:
         raise ValueError(
             f"{minibatch_name}={minibatch_size} must not exceed "
@@ -69,20 +61,9 @@ def minibatch_within_batch(
 
 
 def finite_float(name: str, value: object, *, allow_zero: bool = False) -> float:
-    """Returns ``value`` as a float if it is finite and positive (or zero).
-
-    Raises:
-        ValueError: naming ``name`` if ``value`` is not a finite number above 0
-            (or at least 0, with ``allow_zero``).
-    """
+    """``value`` as a finite float > 0 (>= 0 if ``allow_zero``), else ``ValueError``."""
     kind = "a finite number >= 0" if allow_zero else "a positive finite number"
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float, np.number))
-        or not np.isfinite(value)
-        or value < 0
-        or (value == 0 and not allow_zero)
-    ):
+    if not _is_finite_number(value) or value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{name} must be {kind}, got {value!r}.")
     return float(value)
 
@@ -93,27 +74,14 @@ def positive_finite_float(name: str, value: object) -> float:
 
 
 def probability(name: str, value: object) -> float:
-    """Returns ``value`` as a float if it is a finite number in [0, 1].
-
-    Raises:
-        ValueError: naming ``name`` otherwise.
-    """
-    if (
-        isinstance(value, (bool, np.bool_))
-        or not isinstance(value, (int, float, np.number))
-        or not np.isfinite(value)
-        or not 0 <= value <= 1
-    ):
+    """``value`` as a float if a number in [0, 1], else ``ValueError``."""
+    if not _is_finite_number(value) or not 0 <= value <= 1:
         raise ValueError(f"{name} must be a number in [0, 1], got {value!r}.")
     return float(value)
 
 
 def forward_size_arg(value: object, name: str = "forward_size") -> Union[int, str]:
-    """Checks a ``forward_size``: a positive int or ``"auto"``.
-
-    Raises:
-        ValueError: naming ``name`` otherwise.
-    """
+    """A ``forward_size`` if a positive int or ``"auto"``, else ``ValueError``."""
     if value == "auto":
         return "auto"
     if isinstance(value, str):
@@ -127,12 +95,10 @@ def known_names(
     accepted: Iterable[str],
     target: str,
 ) -> None:
-    """Checks that every name in ``given`` is one of ``accepted``, ``target``'s.
-
-    ``key`` is where ``given`` comes from (a config key such as ``regularizer``).
+    """Checks that every name in ``given`` (from config ``key``) is ``target``'s.
 
     Raises:
-        ValueError: naming the first unknown ``key.name``, with near matches.
+        ValueError: naming the first name not in ``accepted``, with near matches.
     """
     accepted = list(accepted)
     for name in given:

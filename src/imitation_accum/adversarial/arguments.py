@@ -1,9 +1,4 @@
-"""What an adversarial trainer is given: its arguments' checks, observation layouts.
-
-:func:`check_arguments` is the one spec of AIRL/GAIL's argument checks: the
-constructors call it on their arguments and the sacred config hook on
-``algorithm_kwargs``, so a bad value gets the same message either way.
-"""
+"""AIRL/GAIL's argument checks (constructors and sacred config alike), and layouts."""
 
 import dataclasses
 from typing import Any, Mapping, Optional
@@ -104,11 +99,11 @@ def resolve_minibatch_size(
         prefix: Prepended to each name in messages (``algorithm_kwargs.``).
 
     Returns:
-        The minibatch size, or ``None`` (not given) for the whole batch.
+        The minibatch size, or ``None`` (neither given): the whole batch.
 
     Raises:
-        ValueError: if a given size is not a positive int, exceeds
-            ``demo_batch_size``, or the two names are given different values.
+        ValueError: if a size is not a positive int, exceeds ``demo_batch_size``, or
+            the two disagree.
     """
     given = {
         name: _validation.positive_int(name, value)
@@ -134,11 +129,7 @@ def resolve_minibatch_size(
 
 
 def check_max_grad_norm(value: object, prefix: str = "") -> Optional[float]:
-    """Checks ``max_grad_norm``: ``None`` or a positive finite number.
-
-    Raises:
-        ValueError: naming ``prefix + "max_grad_norm"`` otherwise.
-    """
+    """``max_grad_norm`` if ``None`` or positive and finite, else ``ValueError``."""
     if value is None:
         return None
     return _validation.positive_finite_float(f"{prefix}max_grad_norm", value)
@@ -148,8 +139,7 @@ def policy_observations(obs: th.Tensor, space: gym.Space) -> th.Tensor:
     """``obs`` (environment layout), channels-first if the policy's ``space`` is.
 
     SB3 wraps a CNN policy's environment in ``VecTransposeImage``: the policy reads
-    (channels, height, width) frames, the environment, replay buffer and
-    demonstrations hold (height, width, channels) frames.
+    channels-first frames, the environment and the data hold channels-last ones.
 
     Raises:
         ValueError: if the observations fit the policy in neither layout.

@@ -1,8 +1,6 @@
 """The discriminator's half of a step: transitions in, per-transition losses out.
 
-A chunk holds expert transitions ``[start, stop)`` of the batch and the generator
-transitions with the same indices, expert first, staged as one contiguous slice;
-its loss is the sum of per-transition BCE-with-logits losses (label 1: expert).
+A chunk's loss is the sum of per-transition BCE-with-logits losses (label 1: expert).
 """
 
 import dataclasses
@@ -18,15 +16,18 @@ from imitation_accum.engine import staging
 from imitation_accum.engine.accumulator import ChunkLoss
 from imitation_accum.nets import input_preparation
 
-#: ``logits_expert_is_high(state, action, next_state, done, log_policy_act_prob)``.
-LogitsFn = Callable[..., th.Tensor]
-
 #: Fields of a transition the discriminator reads.
 FIELDS = ("obs", "acts", "next_obs", "dones")
 
 
 def _count(array: np.ndarray) -> int:
     return 0 if array.ndim == 0 else len(array)
+
+
+def _numpy(value: Any) -> np.ndarray:
+    if isinstance(value, th.Tensor):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
 
 
 def step_arrays(
@@ -39,22 +40,21 @@ def step_arrays(
     """One step's expert and generator fields the discriminator reads, checked.
 
     Args:
-        expert: The expert samples' name (for error messages) and the samples: a
-            mapping with ``obs``, ``acts``, ``next_obs`` and ``dones`` (arrays or
-            tensors; other keys are ignored).
+        expert: The expert samples' name (for messages) and the samples: a mapping
+            with the :data:`FIELDS` (arrays or tensors; other keys are ignored).
         generated: The generator samples' name and the samples, in the same form.
         batch_size: The transitions every field of each must hold.
         obs_shape: The shape of one observation, as the environment emits it.
 
     Returns:
-        The four fields of the expert and of the generator samples as numpy arrays
-        (views where possible), frames in the environment's layout.
+        The :data:`FIELDS` of each as numpy arrays (views where possible), frames
+        in the environment's layout.
 
     Raises:
         ValueError: if a field is missing, holds another number of transitions, or
             its observations fit the environment's shape in neither layout.
     """
-    arrays = []
+    arrays: List[Tuple[str, Dict[str, np.ndarray]]] = []
     for name, samples in (expert, generated):
         if not isinstance(samples, Mapping):
             raise ValueError(
@@ -64,23 +64,15 @@ def step_arrays(
         missing = [key for key in FIELDS if key not in samples]
         if missing:
             raise ValueError(f"{name} lacks the field(s) {missing}")
-        arrays.append(
-            {
-                key: samples[key].detach().cpu().numpy()
-                if isinstance(samples[key], th.Tensor)
-                else np.asarray(samples[key])
-                for key in FIELDS
-            }
-        )
-    names = (expert[0], generated[0])
+        arrays.append((name, {key: _numpy(samples[key]) for key in FIELDS}))
     wrong = [
         f"{name}[{key!r}] holds {_count(array)}"
-        for name, fields in zip(names, arrays)
+        for name, fields in arrays
         for key, array in fields.items()
         if _count(array) != batch_size
     ]
     if wrong:
-        n_expert, n_gen = (_count(fields["obs"]) for fields in arrays)
+        n_expert, n_gen = (_count(fields["obs"]) for _, fields in arrays)
         # imitation's message first, whole: code that matches on it keeps working.
         raise ValueError(
             "Need to have exactly `demo_batch_size` number of expert and "
@@ -88,39 +80,35 @@ def step_arrays(
             f"(n_gen={n_gen} n_expert={n_expert} demo_batch_size={batch_size}): "
             f"{' and '.join(wrong)} transitions",
         )
-    for name, fields in zip(names, arrays):
+    for name, fields in arrays:
         for key in ("obs", "next_obs"):
-            fields[key] = _in_env_layout(fields[key], obs_shape)
-            if tuple(fields[key].shape[1:]) != tuple(obs_shape):
-                raise ValueError(
-                    f"{name}[{key!r}] has observations of shape "
-                    f"{tuple(fields[key].shape[1:])}, but the environment's are "
-                    f"{tuple(obs_shape)} (frames may come channels-first or "
-                    "channels-last)",
-                )
-    return arrays[0], arrays[1]
+            fields[key] = _in_env_layout(f"{name}[{key!r}]", fields[key], obs_shape)
+    return arrays[0][1], arrays[1][1]
 
 
-def _in_env_layout(obs: np.ndarray, obs_shape: Tuple[int, ...]) -> np.ndarray:
+def _in_env_layout(
+    name: str, obs: np.ndarray, obs_shape: Tuple[int, ...]
+) -> np.ndarray:
     # Frames moved (as a view) to the environment's channel layout if that makes
     # them fit: frames recorded behind SB3's VecTransposeImage are channels-first,
     # gymnasium's image environments and the generator replay buffer channels-last.
-    if tuple(obs.shape[1:]) == tuple(obs_shape) or obs.ndim != 4:
-        return obs
-    for axes in ((0, 2, 3, 1), (0, 3, 1, 2)):
-        moved = np.transpose(obs, axes)
+    moves = ((0, 2, 3, 1), (0, 3, 1, 2)) if obs.ndim == 4 else ()
+    for moved in (obs, *(np.transpose(obs, axes) for axes in moves)):
         if tuple(moved.shape[1:]) == tuple(obs_shape):
             return moved
-    return obs
+    raise ValueError(
+        f"{name} has observations of shape {tuple(obs.shape[1:])}, but the "
+        f"environment's are {tuple(obs_shape)} (frames may come channels-first or "
+        "channels-last)",
+    )
 
 
 @dataclasses.dataclass
 class DiscriminatorChunk:
-    """Expert transitions ``rows`` of a batch and the generator ones of ``rows``."""
+    """Expert rows of a batch, then the generator ones with the same indices."""
 
     fields: Dict[str, th.Tensor]
-    """The step's staged host tensors, per field: each chunk's expert rows, then
-    its generator rows, chunk after chunk (frames stay ``uint8``)."""
+    """The step's staged host tensors: each chunk's expert, then generator rows."""
     start: int
     """Where the chunk begins in ``fields``."""
     stop: int
@@ -128,11 +116,6 @@ class DiscriminatorChunk:
     """1.0 for the expert transitions, then 0.0 for the generator ones."""
     log_policy_act_prob: Optional[th.Tensor] = None
     """The generator policy's log-probabilities of the chunk's actions (AIRL)."""
-
-    @property
-    def n_transitions(self) -> int:
-        """Transitions in the chunk, expert and generator together."""
-        return self.stop - self.start
 
     def host(self, keys: Sequence[str]) -> List[th.Tensor]:
         """The chunk's ``keys`` fields on the host, expert rows first."""
@@ -146,14 +129,11 @@ class DiscriminatorChunk:
 class DiscriminatorTask:
     """Chunks of a discriminator step, their forward and their loss.
 
-    A chunk's loss returns its detached logits (``item_outputs``) as well.
-
     Args:
         logits_fn: The trainer's ``logits_expert_is_high``.
         preprocessing_net: The reward net whose ``preprocess`` prepares the inputs.
         forward_net: The net ``logits_fn`` calls, if not ``preprocessing_net``;
-            when it ignores ``next_state``, next observations are neither staged,
-            moved nor converted (see :mod:`imitation_accum.nets.input_preparation`).
+            next observations it ignores are not staged (see ``InputPreparer``).
         log_probs: Computes a chunk's ``log_policy_act_prob`` (AIRL); ``None``
             leaves them ``None`` (GAIL).
         stager: Moves each chunk's inputs to the device a chunk ahead, if given.
@@ -164,7 +144,7 @@ class DiscriminatorTask:
 
     def __init__(
         self,
-        logits_fn: LogitsFn,
+        logits_fn: Callable[..., th.Tensor],
         preprocessing_net: reward_nets.RewardNet,
         forward_net: Optional[nn.Module] = None,
         *,
@@ -188,10 +168,9 @@ class DiscriminatorTask:
         generated: Mapping[str, np.ndarray],
         rows: Sequence[slice],
     ) -> List[DiscriminatorChunk]:
-        """One chunk per entry of ``rows``, staged in that order (one host copy).
+        """One chunk per slice of ``rows`` (of both ``expert`` and ``generated``).
 
-        ``rows`` are the rows of each chunk in both the ``expert`` and the
-        ``generated`` transitions (per field), covering them in order.
+        The chunks are staged in that order, in one host copy.
         """
         fields = {}
         for key in self.keys:
@@ -205,30 +184,20 @@ class DiscriminatorTask:
         chunks, offset = [], 0
         for r in rows:
             n = r.stop - r.start
-            ones, zeros = (
-                th.ones(n, device=self.device),
-                th.zeros(n, device=self.device),
-            )
-            labels = th.cat([ones, zeros])
+            labels = (th.arange(2 * n, device=self.device) < n).float()
             chunk = DiscriminatorChunk(fields, offset, offset + 2 * n, labels)
             if self.log_probs is not None:
                 chunk.log_policy_act_prob = self.log_probs(chunk)
             chunks.append(chunk)
             offset += 2 * n
         if self.stager is not None:
-            keys = self.keys
-            self.stager.schedule(chunks, lambda c: c.host(keys), self.device)
+            self.stager.schedule(chunks, lambda c: c.host(self.keys), self.device)
         return chunks
 
     def forward(self, chunk: DiscriminatorChunk, forward_size: int) -> th.Tensor:
-        """One call of the discriminator on the chunk's transitions.
+        """One logit per transition of ``chunk``, expert rows first, in one call.
 
-        Args:
-            chunk: The chunk.
-            forward_size: Unused: a chunk is one call (the planner plans so).
-
-        Returns:
-            One logit per transition, expert rows first.
+        ``forward_size`` is unused: the planner plans a chunk as one call.
 
         Raises:
             ValueError: if the discriminator returns another shape.
@@ -243,11 +212,11 @@ class DiscriminatorTask:
         logits = self.logits_fn(
             state, action, next_state, done, chunk.log_policy_act_prob
         )
-        if logits.shape != (chunk.n_transitions,):
+        n = chunk.stop - chunk.start
+        if logits.shape != (n,):
             raise ValueError(
                 f"discriminator returned logits of shape {tuple(logits.shape)} for "
-                f"{chunk.n_transitions} transitions; expected "
-                f"({chunk.n_transitions},)",
+                f"{n} transitions; expected ({n},)",
             )
         return logits
 

@@ -1,10 +1,6 @@
 """Drop-in AIRL and GAIL whose discriminator accumulates gradients exactly.
 
-Each discriminator step draws ``demo_batch_size`` expert and as many generator
-transitions and splits them into minibatches of any size; the update, the norm
-statistics and the logged statistics are the whole batch's. The generator
-(``train_gen``) is imitation's. Frames the reward net sees are in the ``venv``'s
-layout; demonstrations recorded channels-first are brought to it.
+The generator (``train_gen``) is imitation's.
 """
 
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
@@ -12,7 +8,9 @@ from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 import numpy as np
 import torch as th
 from imitation.algorithms import base
+from imitation.algorithms.adversarial import airl as imitation_airl
 from imitation.algorithms.adversarial import common
+from imitation.algorithms.adversarial import gail as imitation_gail
 from imitation.data import types
 from imitation.rewards import reward_nets
 from imitation.util import networks
@@ -36,7 +34,9 @@ _ROW = "row (an expert and a generator transition)"
 class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
     """imitation's adversarial trainer with an accumulated discriminator update.
 
-    The base of :class:`~imitation_accum.AIRL` and :class:`~imitation_accum.GAIL`.
+    The base of :class:`AIRL` and :class:`GAIL`. A discriminator step splits its
+    expert and generator transitions into minibatches of any size; the update and
+    every statistic are the whole batch's.
 
     Args:
         demonstrations: Expert demonstrations, as in imitation.
@@ -50,17 +50,15 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         minibatch_size: Alias of ``demo_minibatch_size``.
         max_grad_norm: Clip the discriminator's gradient norm to this, once a step.
         memory_budget: Instead of ``demo_minibatch_size``: bytes, ``"6GiB"`` or
-            ``"auto"``; minibatches are sized to fit it by a probe at the first
-            step. On CUDA, a step that runs out of memory anyway is redone with
-            minibatches half as large.
+            ``"auto"``, which a probe at the first step sizes minibatches to fit;
+            on CUDA a step out of memory anyway is redone with half-size ones.
         acceleration: Accelerator options for the discriminator (see
             ``docs/gpu.md``): an ``Acceleration`` or a mapping of its fields.
         **kwargs: imitation's further ``AdversarialTrainer`` arguments
             (``n_disc_updates_per_round``, ``disc_opt_cls``, ...).
 
     Raises:
-        ValueError: naming an invalid argument (see
-            :func:`~imitation_accum.adversarial.arguments.check_arguments`), a
+        ValueError: naming an invalid argument (see :func:`check_arguments`), a
             ``memory_budget`` smaller than the discriminator's training state, or
             a batch-norm layer in the reward net (not accumulable exactly).
     """
@@ -94,28 +92,24 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
                 **kwargs,
             },
         )
-        batch_size = checked.demo_batch_size
         self.acceleration = checked.acceleration
         self.acceleration.check_net(reward_net)
         # imitation rejects a demo_minibatch_size that does not divide
-        # demo_batch_size; any size is exact here, so it gets None and the size is
-        # set below.
+        # demo_batch_size; any size is exact here, so it is set below.
         super().__init__(
             demonstrations=demonstrations,
-            demo_batch_size=batch_size,
+            demo_batch_size=checked.demo_batch_size,
             venv=venv,
             gen_algo=gen_algo,
             reward_net=reward_net,
             demo_minibatch_size=None,
             **kwargs,
         )
-        self.demo_minibatch_size = checked.demo_minibatch_size or batch_size
+        self.demo_minibatch_size = checked.demo_minibatch_size or self.demo_batch_size
         self.memory_budget = checked.memory_budget
         self.last_disc_result: Optional[StepResult] = None
-        self.engine: GradientAccumulator[discriminator_task.DiscriminatorChunk] = (
-            GradientAccumulator(
-                self._reward_net, self._disc_opt, max_grad_norm=checked.max_grad_norm
-            )
+        self.engine = GradientAccumulator[discriminator_task.DiscriminatorChunk](
+            self._reward_net, self._disc_opt, max_grad_norm=checked.max_grad_norm
         )
         """The accumulation engine stepping the discriminator."""
         self.step_policy: Optional[StepPolicy] = None
@@ -144,11 +138,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         expert: Mapping[str, np.ndarray],
         generated: Mapping[str, np.ndarray],
     ) -> int:
-        """Rows per minibatch that fit ``memory_budget`` (a probe on a few rows).
-
-        Raises:
-            ValueError: if not even one row fits.
-        """
+        # Rows per minibatch that fit memory_budget, by a probe on a few rows.
         assert self.memory_budget is not None
 
         def call(start: int, stop: int) -> th.Tensor:
@@ -159,7 +149,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             )
             return task.forward(chunk, stop - start)
 
-        frame_bytes = 4 * int(np.prod(self.venv.observation_space.shape or ()))
+        obs_size = int(np.prod(self.venv.observation_space.shape or ()))
         profile = probe.profile_calls(
             call,
             min(4, self.demo_batch_size),
@@ -168,7 +158,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             device=task.device,
             fixed_bytes=budget.training_state_bytes(self._disc_opt),
             # obs and next_obs as float32, for the expert and the generator row
-            input_bytes_per_transition=4 * frame_bytes,
+            input_bytes_per_transition=16 * obs_size,
             checkpointed=False,
         )
         cap, in_bytes = probe.fit_budget(
@@ -180,15 +170,16 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             unit=_ROW,
         )
         self.memory_profile = profile
-        message = probe.budget_message(
-            in_bytes,
-            profile,
-            cap=cap,
-            item=1,
-            largest_batch=self.demo_batch_size,
-            items="rows",
+        self.logger.log(
+            probe.budget_message(
+                in_bytes,
+                profile,
+                cap=cap,
+                item=1,
+                largest_batch=self.demo_batch_size,
+                items="rows",
+            )
         )
-        self.logger.log(message)
         return cap
 
     def _disc_samples(
@@ -196,7 +187,6 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         expert_samples: Optional[Mapping],
         gen_samples: Optional[Mapping],
     ) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]:
-        """Draws (or checks) one step's expert and generator samples."""
         expert_name, gen_name = "expert_samples", "gen_samples"
         if expert_samples is None:
             expert_samples = self._next_expert_batch()
@@ -222,12 +212,9 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         self,
         chunk: discriminator_task.DiscriminatorChunk,
     ) -> Optional[th.Tensor]:
-        """The generator policy's log-probabilities of a chunk's actions.
-
-        Computed without gradient and in evaluation mode (SB3 leaves the policy in
-        training mode after ``learn()``), so that dropout or batch-norm layers in
-        the policy cannot make them depend on the split.
-        """
+        # Without gradient and in evaluation mode (SB3 leaves the policy in training
+        # mode after learn()): dropout or batch norm in the policy must not make the
+        # log-probabilities depend on the split.
         obs, acts = chunk.raw(self.gen_algo.device, ("obs", "acts"))
         with th.no_grad(), networks.evaluating(self.policy):
             obs = policy_observations(obs, self.policy.observation_space)
@@ -253,9 +240,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         expert_samples: Optional[Mapping] = None,
         gen_samples: Optional[Mapping] = None,
     ) -> Mapping[str, float]:
-        """Performs one discriminator update over one batch, in minibatches.
-
-        The update equals one step on the whole batch.
+        """Performs one discriminator update over one batch, in exact minibatches.
 
         Args:
             expert_samples: Expert transitions (``obs``, ``acts``, ``next_obs``,
@@ -287,11 +272,9 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             if self.memory_budget is not None and self.memory_profile is None:
                 fit = self._fit_budget(task, expert, generated)
                 cap = fit if cap is None else min(cap, fit)
-            # Items are rows of an expert and a generator transition.
             policy = StepPolicy(
                 minibatch_size=self.demo_minibatch_size,
                 chunk_cap=cap,
-                forward_size=None,
                 two_pass=False,
                 unit=_ROW,
             )
@@ -299,14 +282,12 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             def step(plan: StepPlan) -> Tuple[StepResult, th.Tensor]:
                 chunks = task.chunks(expert, generated, plan.item_chunks)
                 result = self.engine.step(
-                    task,
-                    chunks,
-                    plan=plan,
-                    n_items=2 * self.demo_batch_size,
+                    task, chunks, plan=plan, n_items=2 * self.demo_batch_size
                 )
                 # Labels in the order of the logits: the chunks' own.
                 return result, th.cat([chunk.labels for chunk in chunks])
 
+            # Items are rows of an expert and a generator transition.
             self.step_policy, _, (result, labels) = run_step(
                 np.ones(self.demo_batch_size, dtype=np.int64),
                 step,
@@ -330,3 +311,46 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             if write_summaries:
                 self._summary_writer.add_histogram("disc_logits", logits)
         return train_stats
+
+
+class AIRL(AccumulatingAdversarialTrainer, imitation_airl.AIRL):
+    """Drop-in for imitation's AIRL, with an exact minibatched discriminator update.
+
+    imitation's arguments and defaults, plus those of
+    :class:`AccumulatingAdversarialTrainer`. For image observations use a CNN
+    reward net such as :class:`imitation_accum.reward_nets.CnnShapedRewardNet`.
+
+    Example:
+        >>> from imitation_accum import AIRL  # doctest: +SKIP
+        >>> trainer = AIRL(  # doctest: +SKIP
+        ...     demonstrations=transitions,
+        ...     demo_batch_size=1024,
+        ...     demo_minibatch_size=100,
+        ...     venv=venv,
+        ...     gen_algo=PPO("MlpPolicy", venv),
+        ...     reward_net=BasicShapedRewardNet(
+        ...         venv.observation_space, venv.action_space
+        ...     ),
+        ... )
+        >>> trainer.train(100_000)  # doctest: +SKIP
+    """
+
+
+class GAIL(AccumulatingAdversarialTrainer, imitation_gail.GAIL):
+    """Drop-in for imitation's GAIL, with an exact minibatched discriminator update.
+
+    As :class:`AIRL`; the generator policy's log-probabilities, which GAIL does not
+    read, are not computed (imitation 1.0.1 computes and discards them).
+
+    Example:
+        >>> trainer = GAIL(  # doctest: +SKIP
+        ...     demonstrations=transitions,
+        ...     demo_batch_size=1024,
+        ...     demo_minibatch_size=96,
+        ...     venv=venv,
+        ...     gen_algo=PPO("CnnPolicy", venv),
+        ...     reward_net=CnnRewardNet(venv.observation_space, venv.action_space),
+        ... )
+    """
+
+    _uses_policy_log_probs = False

@@ -1,7 +1,6 @@
 """Reward-model steps shared by a process group (DDP): N ranks give one's update.
 
-Each rank computes a disjoint share of every batch; losses, gradients, metrics
-and norm moments are combined as docs/offline-and-distributed.md describes.
+How shares are combined: docs/offline-and-distributed.md.
 """
 
 import contextlib
@@ -37,11 +36,10 @@ class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
     broadcast is off; a rank without items runs the net on zero items.
 
     Args:
-        net: The reward net; wrapped in :attr:`ddp`, through which every
-            reward-net call of a task must go.
+        net: The reward net; every call of it by a task must go through :attr:`ddp`.
         optimizer: The optimizer to step once per batch.
-        empty_forward: Runs the module it is given (:attr:`ddp`) on zero items
-            and returns the output.
+        empty_forward: Returns the output of the module it is given (:attr:`ddp`)
+            on zero items.
         process_group: The group to share steps with (default: the default one).
         regularizer: As in :class:`GradientAccumulator`.
         max_grad_norm: As in :class:`GradientAccumulator`.
@@ -110,7 +108,7 @@ class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
             The step's full-batch figures (``item_losses``: this rank's only).
 
         Raises:
-            RuntimeError: on running out of memory (the step is not redone).
+            RuntimeError: on running out of memory (not redone under DDP).
         """
         calls = int(self._global_sum(th.tensor(float(plan.net_calls))))
         if self.norms.active:
@@ -185,9 +183,8 @@ class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
                 for row in rows
                 if int(row[0])
             ]
-            # Some rank made this call.
-            total = functools.reduce(norm_replay.Moments.merge, parts)
-            merged[i].append(total)
+            # Some rank made this call: parts is not empty.
+            merged[i].append(functools.reduce(norm_replay.Moments.merge, parts))
         return merged
 
     def broadcast(self, values: Sequence[float], src: int = 0) -> Tuple[float, ...]:

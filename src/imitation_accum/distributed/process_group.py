@@ -13,14 +13,12 @@ import torch.distributed as dist
 
 from imitation_accum import _validation
 
-_TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
 #: Seconds a collective waits for the other ranks before the job fails (gloo's
 #: own default, 30 minutes, leaves a job with a stopped rank hanging that long).
 DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 
-#: Store keys by which ranks that timed out say so, to name the ones that did not.
-_TIMED_OUT_KEY = "imitation_accum/timed_out/{rank}"
+#: Store key by which a rank that timed out says so, to name the ones that did not.
+_TIMED_OUT_KEY = "imitation_accum/timed_out/{}"
 
 
 class RankFailedError(RuntimeError):
@@ -54,13 +52,9 @@ class DistributedContext:
 
 
 def launched_by_torchrun(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """Whether ``environ`` (default ``os.environ``) sets torchrun's four variables.
-
-    Returns:
-        True if ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` are set.
-    """
+    """Whether ``environ`` (default ``os.environ``) sets torchrun's four variables."""
     env = os.environ if environ is None else environ
-    return all(name in env for name in _TORCHRUN_VARIABLES)
+    return all(n in env for n in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def resolve_device(device: Union[str, th.device], local_rank: int = 0) -> th.device:
@@ -74,7 +68,7 @@ def resolve_device(device: Union[str, th.device], local_rank: int = 0) -> th.dev
     Raises:
         ValueError: if ``device`` names no device, or CUDA is asked for but absent.
     """
-    if isinstance(device, str) and device == "auto":
+    if device == "auto":
         device = "cuda" if th.cuda.is_available() else "cpu"
     try:
         resolved = th.device(device)
@@ -96,11 +90,7 @@ def backend_for(device: th.device) -> str:
 
 
 def check_timeout(name: str, value: object) -> float:
-    """Checks a collective timeout: a positive, finite number of seconds.
-
-    Raises:
-        ValueError: naming ``name`` otherwise.
-    """
+    """A collective timeout if a positive finite number, else ``ValueError``."""
     return _validation.positive_finite_float(name, value)
 
 
@@ -112,9 +102,8 @@ def init_distributed(
 ) -> DistributedContext:
     """Joins the process group described by the environment, if there is one.
 
-    Under ``torchrun`` this initializes ``torch.distributed`` (by default NCCL on
-    GPUs, gloo on CPUs) and selects this process's GPU; an initialized default
-    group is used as it is; otherwise this is a single process.
+    Under ``torchrun`` this initializes ``torch.distributed`` (see :func:`backend_for`);
+    an initialized default group is used as it is; otherwise this is one process.
 
     Args:
         device: See :func:`resolve_device`.
@@ -129,13 +118,12 @@ def init_distributed(
     resolved = resolve_device(device, local_rank)
     if resolved.type == "cuda":
         th.cuda.set_device(resolved)
-    owns = False
-    if not dist.is_initialized() and launched_by_torchrun():
+    owns = not dist.is_initialized() and launched_by_torchrun()
+    if owns:
         dist.init_process_group(
             backend or backend_for(resolved),
             timeout=datetime.timedelta(seconds=timeout_s),
         )
-        owns = True
     if not dist.is_initialized():
         return DistributedContext(device=resolved)
     return DistributedContext(
@@ -169,32 +157,29 @@ def _timeout_message(context: DistributedContext) -> str:
     message = f"a collective timed out after {context.timeout_s:g} s"
     try:
         store = dist.distributed_c10d._get_default_store()
-        store.set(_TIMED_OUT_KEY.format(rank=context.rank), "1")
-        others = [r for r in range(context.world_size) if r != context.rank]
+        store.set(_TIMED_OUT_KEY.format(context.rank), "1")
         deadline = time.monotonic() + min(30.0, max(2.0, context.timeout_s / 10))
-        while True:
-            missing = [
-                r for r in others if not store.check([_TIMED_OUT_KEY.format(rank=r)])
-            ]
-            if not missing or time.monotonic() >= deadline:
-                break
+        ranks = range(context.world_size)
+        while missing := [
+            r for r in ranks if not store.check([_TIMED_OUT_KEY.format(r)])
+        ]:
+            if time.monotonic() >= deadline:
+                who = "rank" if len(missing) == 1 else "ranks"
+                listed = ", ".join(str(r) for r in missing)
+                return f"{message}: {who} {listed} did not reach it (stopped or stuck)"
             time.sleep(0.2)
     except Exception:  # the store is gone too: nothing more to say
-        return message
-    if not missing:
-        return message
-    ranks = ", ".join(str(r) for r in missing)
-    who = f"rank {ranks} did" if len(missing) == 1 else f"ranks {ranks} did"
-    return f"{message}: {who} not reach it (stopped or stuck)"
+        pass
+    return message
 
 
 @contextlib.contextmanager
 def reporting_failures(context: DistributedContext) -> Iterator[None]:
     """Re-raises an error of a distributed run with this process's rank in it.
 
-    The error is also recorded for ``torchrun``'s summary. A collective that timed
-    out also names the ranks that did not reach it. In a single process errors
-    pass through unchanged.
+    The error is also recorded for ``torchrun``'s summary; a timed-out collective
+    names the ranks that did not reach it. A single process's errors pass as they
+    are.
 
     Raises:
         RankFailedError: from any exception of the block, in a distributed run.
@@ -225,19 +210,13 @@ def distributed_session(
     backend: Optional[str] = None,
     timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
 ) -> Iterator[DistributedContext]:
-    """:func:`init_distributed`, :func:`reporting_failures`, then a clean exit.
+    """:func:`init_distributed` (same arguments), :func:`reporting_failures`, exit.
 
     The group is left only after a successful block: after a failure another rank
-    may still wait in a collective, and tearing NCCL down under it can hang. The
-    arguments are :func:`init_distributed`'s.
+    may still wait in a collective, and tearing NCCL down under it can hang.
 
     Yields:
-        This process's context.
-
-    Example:
-        >>> with distributed_session() as context:  # doctest: +SKIP
-        ...     trainer = DistributedRewardTrainer(model, loss, rng)
-        ...     trainer.train(dataset)
+        This process's context (see ``DistributedRewardTrainer``'s example).
     """
     context = init_distributed(device, backend=backend, timeout_s=timeout_s)
     with reporting_failures(context):
@@ -257,11 +236,7 @@ def local_share(indices: np.ndarray, rank: int, world_size: int) -> np.ndarray:
 
 
 def check_batch_size(name: str, batch_size: int, world_size: int) -> None:
-    """Checks that every one of ``world_size`` ranks gets an item of a full batch.
-
-    Raises:
-        ValueError: naming ``name`` if ``batch_size < world_size``.
-    """
+    """Raises ``ValueError`` naming ``name`` if ``batch_size < world_size``."""
     if batch_size < world_size:
         raise ValueError(
             f"{name}={batch_size} is smaller than the number of processes "
@@ -281,9 +256,9 @@ def check_same_on_every_rank(
 
     Args:
         context: This process's context.
-        what: What the value is, for the message (``"the data"``).
+        what: What the value is (``"the data"``), for the message.
         value: This rank's value.
-        shown: How to show ``value`` in the message (default: itself).
+        shown: How the message shows ``value`` (default: itself).
         advice: What to do about a difference, appended to the message.
 
     Raises:

@@ -18,18 +18,17 @@ from imitation_accum.preference.trainer import CrossEntropyRewardTrainer
 class DistributedRewardTrainer(CrossEntropyRewardTrainer):
     """A :class:`CrossEntropyRewardTrainer` that shares each step among processes.
 
-    The trained net, its norm statistics and every logged figure equal those of
-    one process on the same data. ``batch_size`` pairs per optimizer step over all
-    ranks, at most ``minibatch_size`` pairs per forward/backward on each. Every
-    rank builds the trainer alike (``rng`` seeded the same) and trains on the same
-    dataset; only rank 0 shows a progress bar. Outside a process group (or in a
-    group of one) this is a plain :class:`CrossEntropyRewardTrainer`.
+    The trained net, its norm statistics and every logged figure equal one
+    process's on the same data: ``batch_size`` pairs per step over all ranks, at
+    most ``minibatch_size`` per forward/backward on each. Every rank builds the
+    trainer alike (``rng`` seeded the same) on the same dataset; rank 0 alone shows
+    a progress bar. Outside a group of several processes this is a plain
+    :class:`CrossEntropyRewardTrainer`.
 
     Args:
         *args: The arguments of :class:`CrossEntropyRewardTrainer`, in its order;
             ``batch_size`` at least the number of processes.
-        process_group: The group to share steps with (default: the default group,
-            if ``torch.distributed`` is initialized).
+        process_group: The group to share steps with (default: the default group).
         **kwargs: Keyword arguments of :class:`CrossEntropyRewardTrainer`.
 
     Raises:
@@ -93,7 +92,7 @@ class DistributedRewardTrainer(CrossEntropyRewardTrainer):
         return local_share(indices, self.rank, self.world_size)
 
     def _empty_forward(self, module: nn.Module) -> th.Tensor:
-        """``module`` (the net, through DDP) on zero transitions."""
+        # module (the net, through DDP) on zero transitions
         net = self._task.net
         obs_space, act_space = net.observation_space, net.action_space
         obs = np.zeros((0, *(obs_space.shape or ())), dtype=obs_space.dtype)

@@ -1,8 +1,7 @@
 """Reward-net inputs from raw transitions already on the device.
 
-For nets that keep imitation's ``RewardNet.preprocess``, each field is converted
-with SB3's conversion chosen once per space, and next observations are skipped
-for nets that never read them; any other net gets its own ``preprocess``.
+Nets with imitation's stock ``preprocess`` get SB3's conversion, chosen once per
+space, and no next observations if they never read them; others their own.
 """
 
 from typing import Callable, Optional, Tuple, cast
@@ -33,10 +32,8 @@ def _stock_preprocess_owner(net: nn.Module) -> Optional[reward_nets.RewardNet]:
 def reads_next_state(net: nn.Module) -> bool:
     """Whether a net's forward (through imitation's wrappers) reads ``next_state``.
 
-    Returns:
-        ``False`` only for imitation's ``BasicRewardNet`` and ``CnnRewardNet``
-        (not subclasses that change ``forward``) built with
-        ``use_next_state=False``; any other net is assumed to read it.
+    ``False`` only for imitation's ``BasicRewardNet`` and ``CnnRewardNet`` (not
+    subclasses that change ``forward``) built with ``use_next_state=False``.
     """
     while (
         isinstance(net, reward_nets.PredictProcessedWrapper)
@@ -90,9 +87,8 @@ class InputPreparer:
         self.net = net
         self._stock_net = _stock_preprocess_owner(net)
         self.uses_stock_preprocess = self._stock_net is not None
-        """Whether the net runs imitation's stock ``RewardNet.preprocess``, which
-        converts each transition on its own (a slice's conversion is the
-        conversion's slice); a net's own ``preprocess`` promises no such thing."""
+        """Whether the net runs imitation's ``RewardNet.preprocess``, which
+        converts each transition on its own (unlike a net's own, perhaps)."""
         self.reads_next_state = self._stock_net is None or reads_next_state(
             net if forward_net is None else forward_net,
         )
@@ -110,17 +106,11 @@ class InputPreparer:
     ) -> NetInputs:
         """The ``forward`` arguments ``(state, action, next_state, done)``.
 
-        ``obs`` come as stored (uint8 frames stay uint8 until here); ``next_obs``
-        may be ``None`` when :attr:`reads_next_state` is false (``state`` then
-        stands in).
+        ``obs`` come as stored (uint8 frames until here); ``next_obs`` may be
+        ``None`` when :attr:`reads_next_state` is false (``state`` stands in).
         """
         if self._stock_net is None:
-            return self.net.preprocess(
-                obs,  # type: ignore[arg-type]
-                acts,  # type: ignore[arg-type]
-                next_obs,  # type: ignore[arg-type]
-                dones,  # type: ignore[arg-type]
-            )
+            return self.net.preprocess(obs, acts, next_obs, dones)  # type: ignore[arg-type]
         state = self._convert_obs(obs)
         if self.reads_next_state:
             assert next_obs is not None
