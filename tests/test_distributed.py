@@ -241,15 +241,13 @@ class SyncEveryMinibatchEngine(distributed.DistributedGradientAccumulator):
 def trainer_with(engine_cls: type) -> type:
     class Trainer(distributed.DistributedRewardTrainer):
         def _make_engine(self):
-            engine = engine_cls(
+            return engine_cls(
                 self._preference_model.model,
                 self.optim,
                 empty_forward=self._empty_forward,
                 regularizer=self.regularizer,
                 max_grad_norm=self.max_grad_norm,
             )
-            self._task.call_target = engine.ddp
-            return engine
 
     return Trainer
 

@@ -161,25 +161,18 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             input_bytes_per_transition=16 * obs_size,
             checkpointed=False,
         )
-        cap, in_bytes = probe.fit_budget(
+        cap, message = probe.fit_budget(
             self.memory_budget,
             profile,
             device=task.device,
             resident_bytes=budget.resident_training_bytes(self._disc_opt),
             largest_batch=self.demo_batch_size,
+            item=1,
+            items="rows",
             unit=_ROW,
         )
         self.memory_profile = profile
-        self.logger.log(
-            probe.budget_message(
-                in_bytes,
-                profile,
-                cap=cap,
-                item=1,
-                largest_batch=self.demo_batch_size,
-                items="rows",
-            )
-        )
+        self.logger.log(message)
         return cap
 
     def _disc_samples(

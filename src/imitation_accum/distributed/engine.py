@@ -77,6 +77,7 @@ class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
             process_group=process_group,
             **self._ddp_options(),
         )
+        self.forward_module = self.ddp
         self._empty_forward = empty_forward
 
     def _ddp_options(self) -> Dict[str, Any]:

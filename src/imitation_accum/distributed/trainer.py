@@ -76,7 +76,7 @@ class DistributedRewardTrainer(CrossEntropyRewardTrainer):
     def _make_engine(self) -> GradientAccumulator:
         if not self.distributed:
             return super()._make_engine()
-        engine: DistributedGradientAccumulator = DistributedGradientAccumulator(
+        return DistributedGradientAccumulator(
             self._preference_model.model,
             self.optim,
             empty_forward=self._empty_forward,
@@ -84,9 +84,6 @@ class DistributedRewardTrainer(CrossEntropyRewardTrainer):
             regularizer=self.regularizer,
             max_grad_norm=self.max_grad_norm,
         )
-        # preprocess stays on the net; the call itself goes through DDP.
-        self._task.call_target = engine.ddp
-        return engine
 
     def _local_items(self, indices: np.ndarray) -> np.ndarray:
         return local_share(indices, self.rank, self.world_size)

@@ -153,6 +153,8 @@ class GradientAccumulator(Generic[ChunkT]):
         activation_checkpointing: bool = False,
     ) -> None:
         self.net = net
+        self.forward_module: nn.Module = net
+        """What tasks call after ``preprocess``: the net (DDP: its wrapper)."""
         self.optimizer = optimizer
         self.regularizer = regularizer
         self.max_grad_norm = max_grad_norm

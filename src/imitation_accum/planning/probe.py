@@ -245,9 +245,14 @@ def fit_budget(
     device: th.device,
     resident_bytes: int,
     largest_batch: int,
+    item: int,
+    items: str = "pairs",
     unit: str = "transition",
-) -> Tuple[int, int]:
-    """Units per chunk (at most ``largest_batch``) a budget holds, and its bytes.
+) -> Tuple[int, str]:
+    """Transitions per chunk (at most ``largest_batch``) a budget holds, and a log line.
+
+    ``item`` is the transitions of the largest item (a pair, a row), ``items``
+    their name in the log line.
 
     Raises:
         ValueError: if not even one ``unit`` fits.
@@ -261,31 +266,14 @@ def fit_budget(
             f"{budget.format_bytes(profile.chunk_bytes(1, 1))} "
             f"({profile.describe()})"
         )
-    return cap, in_bytes
-
-
-def budget_message(
-    budget_bytes: int,
-    profile: ActivationProfile,
-    *,
-    cap: int,
-    item: int,
-    largest_batch: int,
-    items: str = "pairs",
-) -> str:
-    """One log line on what a budget holds.
-
-    ``cap``, ``item``, ``largest_batch``: transitions of a chunk that fits, of the
-    largest item and of the largest batch.
-    """
     fits = (
         f"{cap // item} {items}"
         if cap >= item
         else f"less than one of {item} transitions: two passes"
     )
     whole = budget.format_bytes(profile.chunk_bytes(largest_batch, largest_batch))
-    return (
-        f"memory_budget: {budget.format_bytes(budget_bytes)}; probe: "
+    return cap, (
+        f"memory_budget: {budget.format_bytes(in_bytes)}; probe: "
         f"{profile.describe()}; chunks of at most {cap} transitions ({fits}); a "
         f"whole batch in one chunk would need {whole}"
     )

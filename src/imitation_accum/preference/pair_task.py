@@ -157,6 +157,8 @@ class PreferenceTask:
         threshold: As in imitation's ``PreferenceModel``.
         stager: Moves chunk inputs to the device a chunk ahead (``None``: each
             call gathers its own).
+        call_target: What each call runs after ``net.preprocess``: the net, or a
+            wrapper that must see every forward (``DistributedDataParallel``).
     """
 
     metric_names = ("accuracy",)
@@ -169,14 +171,13 @@ class PreferenceTask:
         discount_factor: float,
         threshold: float,
         stager: Optional[staging.RangeStager] = None,
+        call_target: Optional[th.nn.Module] = None,
     ) -> None:
         self.net = net
         self.noise_prob = noise_prob
         self.discount_factor = discount_factor
         self.threshold = threshold
-        # What each call runs after net.preprocess: the net, or a wrapper that
-        # must see every forward (DistributedDataParallel).
-        self.call_target: th.nn.Module = net
+        self.call_target: th.nn.Module = net if call_target is None else call_target
         self.device = net.device
         self.inputs = input_preparation.InputPreparer(net)
         self.stager = stager
@@ -360,6 +361,7 @@ class PreferenceTask:
 def task_for(
     preference_model: preference_comparisons.PreferenceModel,
     stager: Optional[staging.RangeStager] = None,
+    call_target: Optional[th.nn.Module] = None,
 ) -> PreferenceTask:
     """A task that computes what ``preference_model`` defines."""
     return PreferenceTask(
@@ -368,6 +370,7 @@ def task_for(
         discount_factor=preference_model.discount_factor,
         threshold=preference_model.threshold,
         stager=stager,
+        call_target=call_target,
     )
 
 

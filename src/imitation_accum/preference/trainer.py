@@ -181,10 +181,6 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             if regularizer_factory is not None
             else None
         )
-        self._task = pair_task.task_for(
-            preference_model,
-            stager=staging.RangeStager() if self.acceleration.pinned_staging else None,
-        )
         self._gt_losses: Optional[np.ndarray] = None
         self._profiles: Dict[Hashable, probe.ActivationProfile] = {}
         self._backed_off_cap: Optional[int] = None
@@ -201,6 +197,11 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                 autocast_dtype=self.autocast_dtype,
                 activation_checkpointing=self.activation_checkpointing,
             )
+        self._task = pair_task.task_for(
+            preference_model,
+            stager=staging.RangeStager() if self.acceleration.pinned_staging else None,
+            call_target=None if self._engine is None else self._engine.forward_module,
+        )
 
     # imitation reads and assigns these; the engine and regularizer follow.
     @property
@@ -451,22 +452,15 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         assert self.memory_budget is not None
         pair_lengths = table.lengths.sum(1)
         largest_batch = int(np.sort(pair_lengths)[-self.batch_size :].sum())
-        cap, in_bytes = probe.fit_budget(
+        cap, message = probe.fit_budget(
             self.memory_budget,
             profile,
             device=self._task.device,
             resident_bytes=budget.resident_training_bytes(self.optim),
             largest_batch=largest_batch,
+            item=int(pair_lengths.max()),
         )
-        self.logger.log(
-            probe.budget_message(
-                in_bytes,
-                profile,
-                cap=cap,
-                item=int(pair_lengths.max()),
-                largest_batch=largest_batch,
-            ),
-        )
+        self.logger.log(message)
         return cap
 
     def _run(
