@@ -1,8 +1,8 @@
 """Fixed-horizon, score-masked Atari environments for reward learning.
 
-imitation rejects episodes of varying length, and a visible score leaks the reward.
-seals fixes both for Atari, but with ale-py 0.9.1 registers none of its ids.
-Importing this module registers, for every ale-py ``<Game>NoFrameskip-v4``:
+imitation rejects episodes of varying length, and a visible score leaks the reward;
+seals fixes both, but registers none of its ids with ale-py 0.9.1. Importing this
+module registers, for every ale-py ``<Game>NoFrameskip-v4``:
 
 - ``seals/<Game>NoFrameskip-v4`` (games with a known score region) and
   ``seals/<Game>NoFrameskip-Unmasked-v4``: seals' environments, raw 210x160x3 frames;
@@ -54,11 +54,9 @@ def game_of(gym_id: str) -> Optional[str]:
 
 
 class FrameStack(gym.ObservationWrapper):
-    """Stacks the last ``n_stack`` frames on the channel (last) axis.
+    """SB3's ``VecFrameStack`` for one environment: the last ``n_stack`` frames.
 
-    SB3's ``VecFrameStack`` for one environment, so that imitation's
-    ``make_vec_env`` builds it. Episodes never end here: the stack is cleared only
-    on ``reset``.
+    Stacked on the channel (last) axis; cleared only on ``reset``.
 
     Args:
         env: An environment with channel-last image observations.
@@ -107,10 +105,7 @@ def make_atari_env(
     clip_reward: bool = False,
     **ale_kwargs: Any,
 ) -> gym.Env:
-    """The fixed-horizon, optionally score-masked, preprocessed Atari environment.
-
-    seals' environment (score masked on the raw frame, auto-reset at game over),
-    then SB3's ``AtariWrapper`` (a lost life ends nothing), then a frame stack.
+    """The Atari environment: seals' (auto-reset at game over), AtariWrapper, a stack.
 
     Args:
         game_id: An ale-py ``<Game>NoFrameskip-v4`` id.
@@ -123,8 +118,7 @@ def make_atari_env(
         ale_kwargs: Passed to ``gym.make`` of the ALE environment.
 
     Returns:
-        The environment, with uint8 observations of shape
-        ``(screen_size, screen_size, frame_stack)``.
+        uint8 observations of shape ``(screen_size, screen_size, frame_stack)``.
 
     Raises:
         ValueError: if ``masked`` and seals knows no score region for the game.

@@ -1,8 +1,6 @@
-r"""Local demonstrations for AIRL and GAIL: make them, and load them compactly.
+r"""Demonstrations for AIRL and GAIL (``demonstrations.path``): make, load compactly.
 
-AIRL and GAIL read demonstrations offline from a file in imitation's format
-(``demonstrations.source=local demonstrations.path=...``), which
-:func:`make_demonstrations` writes; from the command line::
+:func:`make_demonstrations` writes them in imitation's format; from the shell::
 
     python -m imitation_accum.integrations.demonstrations \
         --gym-id imitation_accum/PongNoFrameskip-v4 --episodes 20 --out demos/pong \
@@ -40,11 +38,10 @@ def _list_array_to_numpy(column: pa.ChunkedArray) -> np.ndarray:
 
 
 class TrajectoryDatasetSequence(huggingface_utils.TrajectoryDatasetSequence):
-    """imitation's ``TrajectoryDatasetSequence``, keeping the dtypes saved.
+    """imitation's ``TrajectoryDatasetSequence``, keeping the saved dtypes.
 
-    Observations, actions and rewards are read from Arrow as arrays (uint8 frames
-    stay uint8), where imitation's goes through Python lists to int64; ``patch()``
-    installs it as what ``imitation.data.serialize.load`` returns.
+    Reads Arrow columns as arrays (uint8 frames stay uint8, not Python lists to
+    int64); ``patch()`` makes ``imitation.data.serialize.load`` return it.
 
     Args:
         dataset: The HuggingFace ``datasets.Dataset`` that
@@ -81,16 +78,10 @@ class TrajectoryDatasetSequence(huggingface_utils.TrajectoryDatasetSequence):
 def rollout_demonstrations(
     venv: vec_env.VecEnv, policy: Any, *, n_episodes: int, rng: np.random.Generator
 ) -> List[types.TrajectoryWithRew]:
-    """Rolls ``policy`` out for at least ``n_episodes`` complete episodes.
+    """Rolls ``policy`` (as imitation's ``rollout`` takes) out in ``venv``.
 
-    Args:
-        venv: The environment, as the trainer will see it.
-        policy: Anything imitation's ``rollout`` accepts.
-        n_episodes: Minimum number of complete episodes.
-        rng: Draws the order in which finished episodes are returned.
-
-    Returns:
-        The trajectories, without their per-step ``infos``.
+    At least ``n_episodes`` complete episodes, ``rng`` ordering them; without their
+    per-step ``infos``.
     """
     trajectories = rollout.generate_trajectories(
         policy,

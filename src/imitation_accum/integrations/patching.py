@@ -1,13 +1,10 @@
 """Swap this package's trainers into imitation, reversibly (``docs/patching.md``).
 
-While patched, imitation's modules name this package's reward trainers, AIRL, GAIL
-and ``PreferenceDataset`` (the frame store); its reward ingredient builds CNN reward
-nets without the ``normalize_input_layer`` they reject; ``data.serialize.load``
-keeps saved uint8 frames uint8; and ``rewards.serialize.load_reward`` allows the
-reward-net classes (:func:`~imitation_accum.io.safe_loading.allowing_reward_nets`).
-Names are looked up in imitation's modules when its code runs, so patching reaches
-its scripts; a name imported before patching keeps imitation's object. Patching is
-process-wide.
+While patched (process-wide), imitation's modules name this package's reward
+trainers, AIRL, GAIL and ``PreferenceDataset``; its reward ingredient builds CNN nets
+without ``normalize_input_layer``; ``data.serialize.load`` keeps uint8 frames uint8;
+``rewards.serialize.load_reward`` allows the reward-net classes. A name imported
+from imitation before patching keeps imitation's object.
 
 Example:
     >>> with imitation_accum.patched():  # doctest: +SKIP
@@ -130,10 +127,7 @@ def is_patched() -> bool:
 
 
 def patch() -> None:
-    """Swaps this package's trainers into imitation's modules (idempotent).
-
-    See this module's docstring for what changes. Undo with :func:`unpatch`.
-    """
+    """Swaps this package's trainers into imitation (idempotent; :func:`unpatch`)."""
     if is_patched():
         return
     for (module_name, attribute), replacement in _replacements().items():
@@ -158,9 +152,7 @@ def unpatch() -> None:
 
 @contextlib.contextmanager
 def patched() -> Iterator[None]:
-    """Patches imitation for the duration of a ``with`` block.
-
-    If imitation was already patched on entry, it stays patched on exit.
+    """Patches imitation for a ``with`` block (if already patched, it stays so).
 
     Yields:
         Nothing; imitation is patched inside the block.

@@ -37,13 +37,9 @@ def fsync_directory(directory: pathlib.Path) -> None:
 
 
 def atomic_save(obj: Any, path: AnyPath) -> pathlib.Path:
-    """``th.save(obj, path)``, such that ``path`` never holds a partial file.
+    """``th.save(obj, path)`` (parents created); ``path`` never holds a partial file.
 
     If anything fails, the temporary file is removed and ``path`` is left as it was.
-
-    Args:
-        obj: What to save.
-        path: Where; parent directories are created.
 
     Returns:
         ``path`` as a ``pathlib.Path``.
@@ -89,14 +85,9 @@ def _stop_signals_deferred() -> Iterator[None]:
 
 
 def temporary_sibling(target: pathlib.Path, tag: str = "") -> pathlib.Path:
-    """A fresh temporary path next to ``target`` (nothing is created there).
+    """A fresh temporary path next to ``target``, ``tag`` before its random part.
 
-    Args:
-        target: The file or directory that will be replaced.
-        tag: Put before the random part of the name.
-
-    Returns:
-        A name that :func:`remove_stale_temporaries` removes.
+    Nothing is created; :func:`remove_stale_temporaries` removes what is.
     """
     token = secrets.token_hex(6)
     return target.parent / f".{target.name}.{tag}{token}{TEMPORARY_SUFFIX}"
@@ -114,14 +105,7 @@ def _make_temporary(target: pathlib.Path) -> Tuple[int, str]:
 
 
 def remove_stale_temporaries(path: AnyPath) -> List[pathlib.Path]:
-    """Deletes temporary files of atomic writes to ``path`` whose process was killed.
-
-    Args:
-        path: The target path of earlier atomic writes.
-
-    Returns:
-        The files removed.
-    """
+    """Deletes (and returns) temporary files of killed atomic writes to ``path``."""
     target = pathlib.Path(path)
     if not target.parent.is_dir():
         return []

@@ -38,7 +38,7 @@ def write_store(
     Args:
         path: The store's directory.
         arrays: Per array name, its rows as consecutive blocks (written in turn,
-            so an array held in segments is never concatenated in memory).
+            never concatenated in memory).
         shapes: Per array name, its full shape and dtype.
         metadata: JSON-serializable metadata kept in the manifest.
 
@@ -79,11 +79,7 @@ def describe(
     shapes: Mapping[str, Tuple[Tuple[int, ...], np.dtype]],
     metadata: Mapping[str, Any],
 ) -> Dict[str, Any]:
-    """The manifest :func:`write_store` would write for these arguments (no file).
-
-    Returns:
-        The manifest (its digests hash the same bytes the files would hold).
-    """
+    """The manifest :func:`write_store` would write for these arguments (no file)."""
     entries = {
         name: _entry(name, blocks, *shapes[name]) for name, blocks in arrays.items()
     }
@@ -181,16 +177,10 @@ def read_manifest(path: AnyPath) -> Dict[str, Any]:
 def open_array(
     path: AnyPath, manifest: Mapping[str, Any], name: str, verify: bool = False
 ) -> np.ndarray:
-    """Memory-maps array ``name`` of a store, read-only, after checking it.
+    """Memory-maps array ``name`` of the store at ``path``, read-only, after checks.
 
-    Args:
-        path: The store's directory.
-        manifest: Its manifest (:func:`read_manifest`).
-        name: The array.
-        verify: Also check its SHA-256 (reads the whole file).
-
-    Returns:
-        The array (a read-only ``np.memmap``, or an empty array).
+    ``manifest`` is the store's (:func:`read_manifest`); ``verify`` also checks the
+    SHA-256 (reads the whole file). Returns a read-only ``np.memmap`` (or empty array).
 
     Raises:
         StoreError: naming the file, if it is missing, truncated, corrupt, of

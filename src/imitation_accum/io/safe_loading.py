@@ -14,7 +14,7 @@ import inspect
 import pathlib
 import pickle
 import warnings
-from typing import Any, Callable, Iterator, List, Mapping, Tuple, Union
+from typing import Any, Callable, Iterator, List, Tuple, Union
 
 import gymnasium as gym
 import numpy as np
@@ -31,14 +31,6 @@ SafeGlobal = Union[Callable[..., Any], Tuple[Callable[..., Any], str]]
 
 #: Classes registered with :func:`register_safe_classes`.
 _registered: List[SafeGlobal] = []
-
-
-def _module_classes(namespace: Mapping[str, Any]) -> List[type]:
-    return [
-        value
-        for value in namespace.values()
-        if inspect.isclass(value) and issubclass(value, nn.Module)
-    ]
 
 
 def _numpy_globals() -> List[SafeGlobal]:
@@ -73,14 +65,16 @@ def _numpy_globals() -> List[SafeGlobal]:
 def default_safe_globals() -> List[SafeGlobal]:
     """The classes and functions a reward net of imitation's kinds pickles.
 
-    Returns:
-        imitation's and this package's reward nets, GAIL's discriminator reward,
-        imitation's norm layers, every ``torch.nn`` layer, gymnasium's array
-        spaces and the numpy types they hold.
+    Reward nets (imitation's, ours, GAIL's), norm layers, ``torch.nn`` layers,
+    gymnasium's array spaces and the numpy types they hold.
     """
     found: List[SafeGlobal] = [gail.RewardNetFromDiscriminatorLogit]
     for module in (reward_nets, accum_reward_nets, networks, nn):
-        found += _module_classes(vars(module))
+        found += [
+            v
+            for v in vars(module).values()
+            if inspect.isclass(v) and issubclass(v, nn.Module)
+        ]
     spaces = gym.spaces
     found += [spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary]
     return found + _numpy_globals()
@@ -123,12 +117,8 @@ def unwrapped(net: nn.Module) -> nn.Module:
 def save_reward_net(net: nn.Module, path: AnyPath) -> pathlib.Path:
     """Saves a CPU copy of ``net`` (unwrapped from DDP) as imitation does, atomically.
 
-    Args:
-        net: The reward net.
-        path: Where to save it (``.../reward_net.pt`` by imitation's convention).
-
     Returns:
-        ``path`` as a ``pathlib.Path``.
+        ``path`` (``.../reward_net.pt`` by imitation's convention) as a ``Path``.
 
     Raises:
         TypeError: if ``net`` is not an imitation ``RewardNet``.
@@ -149,27 +139,16 @@ def save_reward_net(net: nn.Module, path: AnyPath) -> pathlib.Path:
 
 
 def unsafe_globals(path: AnyPath) -> List[str]:
-    """Globals in a saved file that this package's ``weights_only`` loads refuse.
+    """Qualified names of globals in ``th.save`` file ``path`` that our loads refuse.
 
-    Args:
-        path: A file written by ``th.save``.
-
-    Returns:
-        Their qualified names; empty for files torch cannot read.
+    Empty for files torch cannot read.
     """
     with allowing_reward_nets():
         return pickled_globals(path)
 
 
 def pickled_globals(path: AnyPath) -> List[str]:
-    """Globals in a saved file that torch's allow-list, as it is now, lacks.
-
-    Args:
-        path: A file written by ``th.save``.
-
-    Returns:
-        Their qualified names; empty for files torch cannot read.
-    """
+    """As :func:`unsafe_globals`, against torch's allow-list as it is now."""
     finder = getattr(th.serialization, "get_unsafe_globals_in_checkpoint", None)
     if finder is None:  # torch < 2.5
         return []

@@ -49,16 +49,7 @@ def capture_state(
     epoch: int,
     metadata: Optional[Mapping[str, Any]] = None,
 ) -> TrainingState:
-    """A copy of the training state of ``trainer`` after ``epoch`` completed epochs.
-
-    Args:
-        trainer: A reward trainer with ``optim``, ``rng`` and ``regularizer``.
-        epoch: Epochs completed.
-        metadata: Plain values to check on resume.
-
-    Returns:
-        The state.
-    """
+    """A copy of ``trainer``'s state after ``epoch`` epochs, ``metadata`` beside it."""
     net = unwrapped(trainer._preference_model.model)
     regularizer = getattr(trainer, "regularizer", None)
     return TrainingState(
@@ -89,8 +80,9 @@ def load_training_state(path: AnyPath) -> TrainingState:
         ValueError: if the file is missing, unreadable or not a training state.
     """
     source = pathlib.Path(path)
+    where = f"checkpoint {str(source)!r}"
     if not source.is_file():
-        raise ValueError(f"checkpoint {str(source)!r} does not exist")
+        raise ValueError(f"{where} does not exist")
     try:
         payload = th.load(source, map_location="cpu", weights_only=True)
     except Exception as error:
@@ -103,7 +95,7 @@ def load_training_state(path: AnyPath) -> TrainingState:
                 "load_reward_net)"
             ) from error
         raise ValueError(
-            f"cannot read checkpoint {str(source)!r}: {type(error).__name__}: {error}"
+            f"cannot read {where}: {type(error).__name__}: {error}"
         ) from error
     if not isinstance(payload, dict) or payload.get("format") != _STATE_FORMAT:
         raise ValueError(
@@ -112,8 +104,8 @@ def load_training_state(path: AnyPath) -> TrainingState:
         )
     if payload.get("version") != _STATE_VERSION:
         raise ValueError(
-            f"checkpoint {str(source)!r} has format version "
-            f"{payload.get('version')}; this version reads {_STATE_VERSION}"
+            f"{where} has format version {payload.get('version')}; this version "
+            f"reads {_STATE_VERSION}"
         )
     fields = dataclasses.fields(TrainingState)
     missing = {
@@ -122,21 +114,14 @@ def load_training_state(path: AnyPath) -> TrainingState:
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     } - set(payload)
     if missing:
-        raise ValueError(
-            f"checkpoint {str(source)!r} lacks {', '.join(sorted(missing))}"
-        )
+        raise ValueError(f"{where} lacks {', '.join(sorted(missing))}")
     return TrainingState(
         **{f.name: payload[f.name] for f in fields if f.name in payload}
     )
 
 
 def check_fits(state: TrainingState, net: nn.Module, path: AnyPath) -> None:
-    """Checks that ``state`` was saved from a net of ``net``'s architecture.
-
-    Args:
-        state: A loaded training state.
-        net: The reward net to restore into.
-        path: The checkpoint's path, for messages.
+    """Checks that ``state`` (read from ``path``) fits ``net``'s architecture.
 
     Raises:
         ValueError: naming ``path`` and the first differing class, key or shape.
@@ -149,10 +134,11 @@ def check_fits(state: TrainingState, net: nn.Module, path: AnyPath) -> None:
             f"{where} holds a {state.net_class}, but the reward net is a "
             f"{_qualified_name(net)}"
         )
-    for key in sorted(state.net_state.keys() - here.keys()):
-        raise ValueError(f"{where} has key {key!r}, which the reward net lacks")
-    for key in sorted(here.keys() - state.net_state.keys()):
-        raise ValueError(f"{where} lacks key {key!r} of the reward net")
+    for key in sorted(state.net_state.keys() ^ here.keys()):
+        detail = "has key {!r}, which the reward net lacks"
+        if key in here:
+            detail = "lacks key {!r} of the reward net"
+        raise ValueError(f"{where} {detail.format(key)}")
     for key, value in here.items():
         saved = state.net_state[key]
         if tuple(saved.shape) != tuple(value.shape):
@@ -165,12 +151,9 @@ def check_fits(state: TrainingState, net: nn.Module, path: AnyPath) -> None:
 def restore_state(
     trainer: pc.BasicRewardTrainer, state: TrainingState, path: AnyPath
 ) -> None:
-    """Puts ``state`` back into ``trainer``: net, optimizer, generators, lambda.
+    """Puts ``state`` (read from ``path``) back into ``trainer``, built as it was.
 
-    Args:
-        trainer: The trainer to restore; built as for the run that saved ``state``.
-        state: A loaded training state.
-        path: The checkpoint's path, for messages.
+    Net, optimizer, generators and the regularizer's lambda.
 
     Raises:
         ValueError: naming ``path`` and what differs (architecture, optimizer,
@@ -219,14 +202,9 @@ def restore_state(
 def apply_hyperparameters(
     optimizer: th.optim.Optimizer, values: Mapping[str, Any]
 ) -> Dict[str, Tuple[Any, Any]]:
-    """Puts the configured hyperparameters back over those a checkpoint restored.
+    """Puts configured ``values`` (``lr``, ...) over those a restored state loaded.
 
-    Loading an optimizer's state also loads its ``lr``, ``weight_decay``, ...;
-    a resumed run must train with the values its config records.
-
-    Args:
-        optimizer: The optimizer, its state just restored.
-        values: The configured hyperparameters (``lr`` and ``optimizer_kwargs``).
+    A resumed run trains with the hyperparameters its config records.
 
     Returns:
         Each hyperparameter that changed: ``name -> (checkpoint's, configured)``.

@@ -1,17 +1,11 @@
-"""Config checks of this package's experiments, run in sacred config hooks.
-
-Each runs before anything is built and names the full key it rejects
-(``regularizer.initial_lambda``, ``reward.net_kwargs.hid_sizes``).
-"""
+"""Config checks of the experiments' sacred hooks, naming the full key they reject."""
 
 import difflib
 import inspect
-import math
 import pathlib
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 import gymnasium as gym
-import torch as th
 from imitation.rewards import reward_nets
 
 from imitation_accum import _validation
@@ -19,16 +13,6 @@ from imitation_accum.engine import acceleration
 from imitation_accum.envs import atari
 from imitation_accum.planning import budget
 from imitation_accum.preference import arguments
-
-#: The keys of ``train_reward_model``'s ``regularizer`` config.
-REGULARIZER_KEYS = (
-    "kind",
-    "initial_lambda",
-    "p",
-    "scaling_factor",
-    "tolerable_interval",
-    "val_split",
-)
 
 
 def check_environment(
@@ -89,16 +73,10 @@ def check_keywords(
     exclude: Iterable[str] = (),
     target: Optional[str] = None,
 ) -> None:
-    """Checks that every key of ``kwargs`` is a keyword argument of ``cls``.
+    """Checks that config ``key``'s ``kwargs`` are keyword arguments of ``cls``.
 
-    Follows ``**kwargs`` up the method resolution order to the base classes.
-
-    Args:
-        key: The config key holding ``kwargs`` (such as ``reward_trainer_kwargs``).
-        kwargs: Its value.
-        cls: The class that receives them.
-        exclude: Arguments the experiment passes itself.
-        target: What receives them, for the message (default: ``cls``'s name).
+    Follows ``**kwargs`` up the method resolution order, less ``exclude`` (what the
+    experiment passes itself); ``target`` names the receiver (default: ``cls``).
 
     Raises:
         ValueError: naming the first unknown key, with near matches.
@@ -125,16 +103,12 @@ def check_reward_trainer_kwargs(
     trainer_cls: type,
     exclude: Iterable[str],
     logger: Any,
-    optimizer_by_name: bool = False,
+    optimizer_cls: Optional[type] = None,
 ) -> None:
     """Checks ``reward_trainer_kwargs``: the names and values of trainer arguments.
 
-    Args:
-        kwargs: The section.
-        trainer_cls: The trainer class the experiment builds.
-        exclude: Arguments the experiment passes itself.
-        logger: The config hook's logger.
-        optimizer_by_name: ``optimizer_cls`` may be a name (:func:`optimizer_class`).
+    ``trainer_cls`` receives them, less ``exclude``; ``logger`` is the hook's;
+    ``optimizer_cls`` (if given) is checked against ``optimizer_kwargs``.
 
     Raises:
         ValueError: naming the first unknown or invalid
@@ -142,9 +116,6 @@ def check_reward_trainer_kwargs(
     """
     key = "reward_trainer_kwargs"
     check_keywords(key, kwargs, trainer_cls, exclude, "CrossEntropyRewardTrainer")
-    optimizer_cls = None
-    if optimizer_by_name:
-        optimizer_cls = optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
     arguments.check_trainer_values(kwargs, f"{key}.", optimizer_cls)
     warn_budget_beyond_machine(
         logger, f"{key}.memory_budget", kwargs.get("memory_budget")
@@ -157,46 +128,6 @@ def check_counts(config: Mapping[str, Any], keys: Iterable[str]) -> None:
     for key in keys:
         if key in config:
             _validation.positive_count(key, config[key])
-
-
-def check_regularizer(section: Mapping[str, Any]) -> None:
-    """Checks ``train_reward_model``'s ``regularizer`` config, naming the bad key."""
-    _validation.known_names(
-        "regularizer", section, REGULARIZER_KEYS, "the regularizer config"
-    )
-    kind = section.get("kind")
-    if kind not in (None, "lp", "weight_decay"):
-        raise ValueError(
-            f"regularizer.kind={kind!r} must be None, 'lp' or 'weight_decay'"
-        )
-    _validation.finite_float(
-        "regularizer.initial_lambda", section.get("initial_lambda"), allow_zero=True
-    )
-    _validation.positive_finite_float("regularizer.p", section.get("p"))
-    if kind is None:
-        return
-    factor = section.get("scaling_factor")
-    if factor is None:
-        return
-    _validation.positive_finite_float("regularizer.scaling_factor", factor)
-    if not factor < 1:
-        raise ValueError(f"regularizer.scaling_factor={factor!r} must lie in (0, 1)")
-    interval = section.get("tolerable_interval")
-    if (
-        not isinstance(interval, (list, tuple))
-        or len(interval) != 2
-        or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in interval)
-        or not 0 <= interval[0] < interval[1]
-    ):
-        raise ValueError(
-            f"regularizer.tolerable_interval={interval!r} must be a pair (low, "
-            "high) with 0 <= low < high"
-        )
-    val_split = _validation.positive_finite_float(
-        "regularizer.val_split", section.get("val_split")
-    )
-    if not val_split < 1:
-        raise ValueError(f"regularizer.val_split={val_split!r} must lie in (0, 1)")
 
 
 def check_reward_ingredient(config: Mapping[str, Any], command_name: str) -> None:
@@ -234,8 +165,7 @@ def check_reward_ingredient(config: Mapping[str, Any], command_name: str) -> Non
 def warn_budget_beyond_machine(logger: Any, key: str, value: object) -> None:
     """Warns if the memory budget ``value`` of ``key`` exceeds this machine's memory.
 
-    Only a warning: a config may be meant for a larger machine; the trainer
-    refuses such a budget for its device.
+    Only a warning: a config may be meant for a larger machine.
     """
     message = budget.beyond_memory(
         budget.parse_budget(value, key), budget.machine_bytes(), "this machine", key
@@ -252,33 +182,3 @@ def check_preference_model_kwargs(kwargs: Any) -> None:
             "arguments (noise_prob, discount_factor, threshold)"
         )
     arguments.check_preference_model_values(kwargs, "preference_model_kwargs.")
-
-
-def check_device(value: Any) -> None:
-    """``device``: ``"auto"`` or anything ``torch.device`` accepts."""
-    if value == "auto":
-        return
-    try:
-        th.device(value)
-    except (RuntimeError, TypeError) as error:
-        raise ValueError(
-            f"device={value!r} is not a device: give 'auto', 'cpu', 'cuda' or 'cuda:N'"
-        ) from error
-
-
-def optimizer_class(value: Any) -> type:
-    """``reward_trainer_kwargs.optimizer_cls``: a torch optimizer class, or its name."""
-    if isinstance(value, str):
-        cls = getattr(th.optim, value, None)
-        if not (isinstance(cls, type) and issubclass(cls, th.optim.Optimizer)):
-            raise ValueError(
-                f"reward_trainer_kwargs.optimizer_cls={value!r} is not an optimizer "
-                "of torch.optim"
-            )
-        return cls
-    if isinstance(value, type) and issubclass(value, th.optim.Optimizer):
-        return value
-    raise ValueError(
-        f"reward_trainer_kwargs.optimizer_cls={value!r} must be a torch.optim "
-        "optimizer class or its name"
-    )

@@ -1,11 +1,8 @@
 """Converts a pickled imitation ``PreferenceDataset`` into a frame store.
 
-``python -m imitation_accum.scripts.convert_preferences IN.pkl OUT``
-
-``IN.pkl`` is what imitation's ``PreferenceDataset.save`` writes; ``OUT`` becomes a
-frame-store directory holding the same pairs, which ``train_reward_model``
-memory-maps without unpickling anything. Loading ``IN.pkl`` runs any code it holds:
-convert only files you trust.
+``python -m imitation_accum.scripts.convert_preferences IN.pkl OUT``: ``OUT`` becomes
+a frame store of the same pairs, which ``train_reward_model`` memory-maps without
+unpickling. Loading ``IN.pkl`` runs any code it holds: convert only files you trust.
 """
 
 import argparse
@@ -22,10 +19,7 @@ _PUSH_PAIRS = 256
 
 
 def convert(source: pathlib.Path, target: pathlib.Path) -> PreferenceDataset:
-    """Loads imitation's pickle ``source`` and saves its pairs as store ``target``.
-
-    Returns:
-        The new dataset, as saved (``max_size`` kept).
+    """Saves the pairs and ``max_size`` of imitation's pickle ``source`` as ``target``.
 
     Raises:
         ValueError: naming ``source`` if it is not a pickled ``PreferenceDataset``.

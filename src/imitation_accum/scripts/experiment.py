@@ -47,14 +47,7 @@ class PatchedExperiment(sacred.Experiment):
         self.alternatives.setdefault(section, []).append(tuple(names))
 
     def run_commandline(self, argv: Any = None) -> Optional[sacred.run.Run]:
-        """Sacred's command line, where ``[COMMAND] --help`` prints help and exits 0.
-
-        Args:
-            argv: As for ``sacred.Experiment.run_commandline``.
-
-        Returns:
-            The finished run.
-        """
+        """Sacred's command line, where ``[COMMAND] --help`` prints help and exits 0."""
         argv = ensure_wellformed_argv(argv)
         words = [str(word) for word in argv[1:]]
         before_updates = words[: words.index("with")] if "with" in words else words
@@ -97,22 +90,14 @@ class PatchedExperiment(sacred.Experiment):
         *args: Any,
         **kwargs: Any,
     ) -> sacred.run.Run:
-        """``sacred.Experiment.run`` with imitation patched and alternatives applied.
-
-        Returns:
-            The finished run.
-        """
+        """``sacred.Experiment.run`` with imitation patched and alternatives applied."""
         updates = user_alternatives_win(config_updates or {}, self.alternatives)
         with patched(), self._own_keys_quiet():
             return super().run(command_name, updates, named_configs, *args, **kwargs)
 
     @functools.cached_property
     def own_sections(self) -> List[str]:
-        """Config sections whose every key this package's hooks check.
-
-        sacred's warnings that a key of them was added or changed type say nothing
-        the user can act on, and are left out.
-        """
+        """Sections our hooks check whole (sacred's new-key warnings there dropped)."""
         return []
 
     @contextlib.contextmanager
@@ -146,17 +131,10 @@ def user_alternatives_win(
     config_updates: Mapping[str, Any],
     alternatives: Mapping[str, Sequence[Tuple[str, ...]]],
 ) -> Dict[str, Any]:
-    """``config_updates`` (nested), the alternatives of each given key set to ``None``.
+    """``config_updates`` nested, the alternatives of each given key set to ``None``.
 
     sacred applies named configs under the user's updates, so this keeps a named
     config from setting them; two given values are left for the hooks to reject.
-
-    Args:
-        config_updates: The user's updates (nested or with dotted keys).
-        alternatives: Section to groups of alternative keys.
-
-    Returns:
-        The updates, nested.
     """
     updates = copy.deepcopy(convert_to_nested_dict(dict(config_updates)))
     for section, groups in alternatives.items():
@@ -175,16 +153,8 @@ def derive(
 ) -> PatchedExperiment:
     """A :class:`PatchedExperiment` copy of one of imitation's experiments.
 
-    It shares imitation's ingredients, config scopes, named configs, hooks,
-    captured functions and commands; what is added to it later leaves imitation's
-    experiment as it is.
-
-    Args:
-        imitation_experiment: Such as imitation's ``train_preference_comparisons_ex``.
-        doc: Its description (``--help``).
-
-    Returns:
-        The new experiment, with the same name.
+    Same name, ingredients, configs, hooks and commands (``doc``: its ``--help``);
+    what is added to it later leaves imitation's experiment as it is.
     """
     ex = PatchedExperiment(
         str(imitation_experiment.path), ingredients=imitation_experiment.ingredients
@@ -240,9 +210,7 @@ def _add_run_directory_hooks(ex: sacred.Experiment, training: Set[str]) -> None:
 def main_console(ex: sacred.Experiment, observe: bool = True) -> None:
     """Runs ``ex``'s command line, recording runs under ``output/sacred/<name>/``.
 
-    Args:
-        ex: The experiment.
-        observe: Whether to record the run (only rank 0 does under ``torchrun``).
+    ``observe``: whether to record the run (only rank 0 does under ``torchrun``).
     """
     if observe:
         observer_path = pathlib.Path.cwd() / "output" / "sacred" / str(ex.path)

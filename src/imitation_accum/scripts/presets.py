@@ -109,11 +109,8 @@ def reward() -> Dict[str, Any]:
 def preference_config(game: str, raw: bool = False) -> Dict[str, Any]:
     """The ``atari_<game>`` named config of preference comparisons.
 
-    On raw frames (``atari_pong_unwrapped``) ``batch_size=30`` as in imitation
-    issue #506, in minibatches of 10 pairs (16.8 GiB of activations: a 24 GiB GPU);
-    300 pairs of 20.4 MB keep 6.1 GB of host memory.
-
-    ``raw``: on raw frames, as :func:`environment`.
+    ``raw`` (``atari_pong_unwrapped``): ``batch_size=30`` as in imitation #506, in
+    minibatches of 10 pairs (16.8 GiB of activations); 300 pairs keep 6.1 GB.
     """
     config = dict(**environment(game, raw), reward=reward(), **PREFERENCE_DEFAULTS)
     if raw:
@@ -126,13 +123,11 @@ def preference_config(game: str, raw: bool = False) -> Dict[str, Any]:
 
 
 def adversarial_config(game: str, raw: bool = False) -> Dict[str, Any]:
-    """The ``atari_<game>`` named config of AIRL and GAIL.
+    """The ``atari_<game>`` named config of AIRL and GAIL (``raw``: raw frames).
 
     AIRL gets :class:`imitation_accum.reward_nets.CnnShapedRewardNet`, GAIL a
     ``CnnRewardNet``, under ``algorithm_specific`` (a top-level ``net_cls`` would
     override the algorithm's).
-
-    ``raw``: on raw frames, as :func:`environment`.
     """
     from imitation_accum.nets.shaped import CnnShapedRewardNet
 
@@ -147,51 +142,25 @@ def adversarial_config(game: str, raw: bool = False) -> Dict[str, Any]:
     return dict(**environment(game, raw), reward=reward_config, **ADVERSARIAL_DEFAULTS)
 
 
-def config_host_memory_bytes(config: Dict[str, Any]) -> Dict[str, int]:
-    """:func:`host_memory_bytes` of an Atari preference named config or preset."""
-    raw = config["environment"]["gym_id"].startswith("seals/")
-    pairs = config["total_comparisons"]
-    if config["comparison_queue_size"] is not None:
-        pairs = min(pairs, config["comparison_queue_size"])
-    return host_memory_bytes(
-        frame_bytes=RAW_FRAME_BYTES if raw else FRAME_BYTES,
-        stack=1 if raw else FRAME_BYTES // (84 * 84),
-        comparison_queue_size=pairs,
-        fragment_length=config["fragment_length"],
-        total_timesteps=config["total_timesteps"],
-        num_iterations=config["num_iterations"],
-    )
+def config_host_memory_bytes(config: Mapping[str, Any]) -> Dict[str, int]:
+    """Host memory for frames of an Atari preference named config or preset, in bytes.
 
-
-def host_memory_bytes(
-    *,
-    frame_bytes: int,
-    stack: int = 1,
-    comparison_queue_size: int,
-    fragment_length: int,
-    total_timesteps: int,
-    num_iterations: int,
-) -> Dict[str, int]:
-    """Host memory a preference-comparison run keeps for frames, in bytes.
-
-    The frame store keeps a fragment of ``fragment_length`` transitions of
-    ``stack``-frame observations as ``fragment_length + stack`` single frames;
-    agent training keeps one iteration's transitions.
-
-    Args:
-        frame_bytes: Bytes of one observation.
-        stack: Frames stacked in one observation (1: not stacked).
-        comparison_queue_size: Pairs kept in the dataset.
-        fragment_length: Transitions per fragment.
-        total_timesteps: Agent steps in the run.
-        num_iterations: Iterations (agent training is buffered per iteration).
+    The frame store keeps a fragment of ``fragment_length`` transitions of stacked
+    observations as ``fragment_length + stack`` single frames; agent training keeps
+    one iteration's transitions.
 
     Returns:
         ``dataset``, ``agent_buffer`` and their ``total``.
     """
+    raw = config["environment"]["gym_id"].startswith("seals/")
+    frame_bytes = RAW_FRAME_BYTES if raw else FRAME_BYTES
+    stack = 1 if raw else FRAME_BYTES // (84 * 84)
+    pairs = config["total_comparisons"]
+    if config["comparison_queue_size"] is not None:
+        pairs = min(pairs, config["comparison_queue_size"])
     single_frame = frame_bytes // stack
-    dataset = comparison_queue_size * 2 * (fragment_length + stack) * single_frame
-    agent_buffer = total_timesteps // num_iterations * frame_bytes
+    dataset = pairs * 2 * (config["fragment_length"] + stack) * single_frame
+    agent_buffer = config["total_timesteps"] // config["num_iterations"] * frame_bytes
     return dict(
         dataset=dataset, agent_buffer=agent_buffer, total=dataset + agent_buffer
     )
@@ -202,10 +171,7 @@ def add_named_configs(
 ) -> None:
     """Replaces imitation's ``fast`` named config of ``ex`` and adds the Atari ones.
 
-    Args:
-        ex: The sacred experiment.
-        fast: The ``fast`` config, imitation's extended.
-        game_config: A game's named config (``raw=True``: ``atari_pong_unwrapped``).
+    ``game_config(game, raw=False)`` gives a game's (``raw``: ``atari_pong_unwrapped``).
     """
     del ex.named_configs["fast"]
     ex.add_named_config("fast", fast)

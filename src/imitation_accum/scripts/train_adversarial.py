@@ -1,12 +1,10 @@
 r"""imitation's AIRL/GAIL experiment, training with this package's discriminators.
 
-``imitation.scripts.train_adversarial`` (config, named configs, ``airl`` and
-``gail`` commands) run under :func:`imitation_accum.patched`: ``algorithm_kwargs``
-go to :class:`imitation_accum.AIRL` or :class:`imitation_accum.GAIL`, so
-``demo_minibatch_size`` (alias ``minibatch_size``) accumulates exactly. Added: Atari
-named configs (``atari_pong``, ..., ``atari_pong_unwrapped``), ``fast``, and early
-config checks. Demonstrations come from a local file (``demonstrations.path``; see
-:mod:`imitation_accum.integrations.demonstrations`)::
+imitation's experiment run under :func:`imitation_accum.patched`: ``algorithm_kwargs``
+go to :class:`imitation_accum.AIRL` or ``GAIL``, so ``demo_minibatch_size`` (alias
+``minibatch_size``) accumulates exactly. Added: Atari named configs (``atari_pong``,
+..., ``atari_pong_unwrapped``), ``fast``, and early config checks. Demonstrations:
+a local file (:mod:`imitation_accum.integrations.demonstrations` makes one)::
 
     python -m imitation_accum.scripts.train_adversarial airl with atari_pong \
         demonstrations.path=demos/pong algorithm_kwargs.demo_minibatch_size=128

@@ -1,11 +1,9 @@
 r"""imitation's preference-comparisons experiment, training with this package's trainer.
 
-``imitation.scripts.train_preference_comparisons`` (config, named configs,
-ingredients) run under :func:`imitation_accum.patched`: ``reward_trainer_kwargs`` go
-to :class:`imitation_accum.CrossEntropyRewardTrainer`, so ``minibatch_size``
-accumulates exactly and the trainer's own arguments are config keys. Added: Atari
-named configs (``atari_pong``, ..., ``atari_pong_unwrapped``), ``fast``, ``gpu_bf16``
-and early config checks::
+imitation's experiment run under :func:`imitation_accum.patched`:
+``reward_trainer_kwargs`` go to :class:`imitation_accum.CrossEntropyRewardTrainer`,
+so ``minibatch_size`` accumulates exactly. Added: Atari named configs (``atari_pong``,
+..., ``atari_pong_unwrapped``), ``fast``, ``gpu_bf16`` and early config checks::
 
     python -m imitation_accum.scripts.train_preference_comparisons with atari_pong \
         reward_trainer_kwargs.minibatch_size=8
@@ -25,7 +23,6 @@ from imitation.scripts.train_preference_comparisons import (
 
 import imitation_accum
 from imitation_accum import _validation
-from imitation_accum.preference import arguments
 from imitation_accum.scripts import config_checks, experiment, presets
 
 train_preference_comparisons_ex = experiment.derive(imitation_ex, doc=__doc__)
@@ -59,8 +56,7 @@ def check_reward_trainer_kwargs(
         _TRAINER_OWN_ARGUMENTS,
         logger,
     )
-    model_kwargs = config["preference_model_kwargs"]
-    arguments.check_preference_model_values(model_kwargs, "preference_model_kwargs.")
+    config_checks.check_preference_model_kwargs(config["preference_model_kwargs"])
     config_checks.check_counts(config, _COUNTS)
     for key in ("initial_comparison_frac", "exploration_frac"):
         _validation.probability(key, config[key])

@@ -1,33 +1,31 @@
-"""Trains a reward net offline from a saved preference dataset, on one process or many.
+"""Trains a reward net offline from saved preferences, on one process or many.
 
-imitation saves the preferences a run gathered (``train_preference_comparisons with
-save_preferences=True``) but cannot train from them; this experiment does::
+Example::
 
     python -m imitation_accum.scripts.train_reward_model with
         dataset_path=output/.../preferences.pkl reward_trainer_kwargs.minibatch_size=8
     torchrun --nproc_per_node=4 -m imitation_accum.scripts.train_reward_model with
         dataset_path=output/.../preferences.pkl
 
-The dataset is a frame store (:meth:`imitation_accum.PreferenceDataset.save`,
-memory-mapped) or imitation's pickle, read only with ``trust_pickle=True``
+The dataset is a frame store (:meth:`imitation_accum.PreferenceDataset.save`) or
+imitation's pickle (``save_preferences=True``), read only with ``trust_pickle=True``
 (``python -m imitation_accum.scripts.convert_preferences IN.pkl OUT`` converts one).
-A seeded share of the pairs is held out and evaluated after every epoch. The
-training state is checkpointed atomically to
-``{log_dir}/checkpoints/training_state.pt`` (continue with ``resume_from=...``),
-the final reward net saved as imitation saves it, to
-``{log_dir}/checkpoints/final/reward_net.pt``. Under ``torchrun`` only rank 0 logs
-and writes files. As a script, it seeds torch's global generator with the run's seed.
+A seeded share of the pairs is held out and evaluated after every epoch. The training
+state is checkpointed atomically to ``{log_dir}/checkpoints/training_state.pt``
+(continue with ``resume_from=...``), the reward net saved as imitation saves it, to
+``{log_dir}/checkpoints/final/reward_net.pt``. Under ``torchrun`` only rank 0 logs and
+writes files. As a script, it seeds torch's global generator with the run's seed.
 """
 
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import pathlib
 import signal
 import sys
 import tempfile
-import types
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import gymnasium as gym
@@ -75,6 +73,15 @@ _SET_BY_EXPERIMENT = (
     "custom_logger",
     "regularizer_factory",
     "process_group",
+)
+#: The keys of the ``regularizer`` config.
+_REGULARIZER_KEYS = (
+    "kind",
+    "initial_lambda",
+    "p",
+    "scaling_factor",
+    "tolerable_interval",
+    "val_split",
 )
 
 
@@ -160,12 +167,13 @@ def _check_config(
     fraction = config["held_out_fraction"]
     if not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
         raise ValueError(f"held_out_fraction={fraction!r} must lie in [0, 1)")
+    trainer_kwargs = config["reward_trainer_kwargs"]
     config_checks.check_reward_trainer_kwargs(
-        config["reward_trainer_kwargs"],
+        trainer_kwargs,
         distributed.DistributedRewardTrainer,
         _SET_BY_EXPERIMENT,
         logger,
-        optimizer_by_name=True,
+        _optimizer_class(trainer_kwargs.get("optimizer_cls", "AdamW")),
     )
     config_checks.check_preference_model_kwargs(config["preference_model_kwargs"])
     _validation.non_negative_int("held_out_seed", config["held_out_seed"])
@@ -175,9 +183,16 @@ def _check_config(
     resume = config["resume_from"]
     if resume is not None and not pathlib.Path(resume).is_file():
         raise ValueError(f"resume_from={resume!r}: no such file")
-    config_checks.check_regularizer(config["regularizer"])
+    _check_regularizer(config["regularizer"])
     config_checks.check_reward_ingredient(config, "train_reward_model")
-    config_checks.check_device(config["device"])
+    if config["device"] != "auto":
+        try:
+            th.device(config["device"])
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(
+                f"device={config['device']!r} is not a device: give 'auto', 'cpu', "
+                "'cuda' or 'cuda:N'"
+            ) from error
     distributed.process_group.check_timeout(
         "collective_timeout_s", config["collective_timeout_s"]
     )
@@ -187,27 +202,65 @@ def _check_config(
 train_reward_model_ex.config_hook(config_checks.check_environment)
 
 
-def load_preference_dataset(
-    path: str, trust_pickle: bool = False
-) -> pc.PreferenceDataset:
-    """Opens a frame store, or loads a pickle saved by imitation's dataset.
+def _check_regularizer(section: Mapping[str, Any]) -> None:
+    # The regularizer config, naming the bad key.
+    _validation.known_names(
+        "regularizer", section, _REGULARIZER_KEYS, "the regularizer config"
+    )
+    kind = section.get("kind")
+    if kind not in (None, "lp", "weight_decay"):
+        raise ValueError(
+            f"regularizer.kind={kind!r} must be None, 'lp' or 'weight_decay'"
+        )
+    _validation.finite_float(
+        "regularizer.initial_lambda", section.get("initial_lambda"), allow_zero=True
+    )
+    _validation.positive_finite_float("regularizer.p", section.get("p"))
+    factor = section.get("scaling_factor")
+    if kind is None or factor is None:
+        return
+    _validation.positive_finite_float("regularizer.scaling_factor", factor)
+    if not factor < 1:
+        raise ValueError(f"regularizer.scaling_factor={factor!r} must lie in (0, 1)")
+    interval = section.get("tolerable_interval")
+    if (
+        not isinstance(interval, (list, tuple))
+        or len(interval) != 2
+        or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in interval)
+        or not 0 <= interval[0] < interval[1]
+    ):
+        raise ValueError(
+            f"regularizer.tolerable_interval={interval!r} must be a pair (low, "
+            "high) with 0 <= low < high"
+        )
+    val_split = _validation.positive_finite_float(
+        "regularizer.val_split", section.get("val_split")
+    )
+    if not val_split < 1:
+        raise ValueError(f"regularizer.val_split={val_split!r} must lie in (0, 1)")
 
-    Args:
-        path: A frame-store directory or imitation's pickle.
-        trust_pickle: Whether a pickle may be loaded (that runs any code it holds).
 
-    Returns:
-        The dataset: memory-mapped for a store, imitation's for a pickle.
+def _optimizer_class(value: Any) -> type:
+    # reward_trainer_kwargs.optimizer_cls: a torch optimizer class, or its name.
+    cls = getattr(th.optim, value, None) if isinstance(value, str) else value
+    if isinstance(cls, type) and issubclass(cls, th.optim.Optimizer):
+        return cls
+    if isinstance(value, str):
+        raise ValueError(
+            f"reward_trainer_kwargs.optimizer_cls={value!r} is not an optimizer "
+            "of torch.optim"
+        )
+    raise ValueError(
+        f"reward_trainer_kwargs.optimizer_cls={value!r} must be a torch.optim "
+        "optimizer class or its name"
+    )
 
-    Raises:
-        ValueError: naming ``path`` if it is missing, unreadable, a corrupt store,
-            not a ``PreferenceDataset``, or a pickle without ``trust_pickle``.
-    """
+
+def _load_dataset(path: str, trust_pickle: bool) -> pc.PreferenceDataset:
+    # A frame store (memory-mapped), or imitation's pickle if trust_pickle.
     source = pathlib.Path(path)
     if source.is_dir():
         return PreferenceDataset.load(source)
-    if not source.is_file():
-        raise ValueError(f"dataset_path={path!r}: no such file")
     if not trust_pickle:
         raise ValueError(
             f"dataset_path={path!r} is a pickle, and loading a pickle runs any code "
@@ -227,18 +280,9 @@ def _hash_array(digest: "hashlib._Hash", value: Any) -> None:
 def dataset_fingerprint(dataset: Any, sampled_pairs: int = 8) -> str:
     """A cheap fingerprint of ``dataset``'s contents (checked across ranks, on resume).
 
-    It hashes all preferences, every fragment's length (if the dataset keeps
-    ``fragments1``/``fragments2``), and the frames and actions of ``sampled_pairs``
-    pairs spread evenly over the dataset. A dataset with a ``fingerprint()`` method
-    (a frame store) gives its own.
-
-    Args:
-        dataset: Pairs ``((fragment1, fragment2), preference)`` by index, or
-            anything with a ``fingerprint()`` method.
-        sampled_pairs: How many pairs' observations and actions are hashed.
-
-    Returns:
-        ``dataset.fingerprint()``, or ``"sha256:"`` and a hex digest.
+    ``dataset.fingerprint()`` if it has one; else ``"sha256:"`` and the digest of
+    all preferences, every fragment's length (of ``fragments1`` and ``fragments2``,
+    if kept) and the observations and actions of ``sampled_pairs`` spread pairs.
     """
     own = getattr(dataset, "fingerprint", None)
     if callable(own):
@@ -267,15 +311,9 @@ def dataset_fingerprint(dataset: Any, sampled_pairs: int = 8) -> str:
 def split_held_out(
     n_pairs: int, fraction: float, seed: int
 ) -> Tuple[np.ndarray, np.ndarray]:
-    """Splits ``range(n_pairs)`` into sorted training and held-out indices.
+    """Splits ``range(n_pairs)`` into sorted ``(train, held_out)`` indices by ``seed``.
 
-    Args:
-        n_pairs: Pairs in the dataset.
-        fraction: Share held out: ``int(n_pairs * fraction)`` pairs.
-        seed: Seed of the split.
-
-    Returns:
-        ``(train_indices, held_out_indices)``.
+    ``int(n_pairs * fraction)`` pairs are held out.
 
     Raises:
         ValueError: if a positive ``fraction`` holds out no pair.
@@ -301,30 +339,17 @@ def _subset(dataset: pc.PreferenceDataset, indices: np.ndarray) -> Any:
     return part
 
 
-def _environment_spaces(config: Mapping[str, Any]) -> types.SimpleNamespace:
-    # The spaces of environment.gym_id, all the reward ingredient reads of a venv.
-    env = gym.make(config["gym_id"], **config["env_make_kwargs"])
-    try:
-        return types.SimpleNamespace(
-            observation_space=env.observation_space, action_space=env.action_space
-        )
-    finally:
-        env.close()
-
-
 def _check_dataset(
-    dataset: pc.PreferenceDataset, spaces: types.SimpleNamespace, path: str, gym_id: str
+    dataset: pc.PreferenceDataset, env: gym.Env, path: str, gym_id: str
 ) -> None:
     # Every pair checked against the environment, before any step.
     if isinstance(dataset, PreferenceDataset):
         # A store's frames are checked as a whole first, naming its frames file.
-        dataset.check_observation_space(
-            spaces.observation_space, f"dataset_path={path!r}"
-        )
+        dataset.check_observation_space(env.observation_space, f"dataset_path={path!r}")
     dataset_checks.check_dataset(
         dataset,
-        spaces.observation_space,
-        spaces.action_space,
+        env.observation_space,
+        env.action_space,
         name=f"dataset_path={path!r}",
         environment=f"what environment.gym_id={gym_id!r} gives",
         hint="\nSet environment.gym_id (and env_make_kwargs) to the environment "
@@ -366,8 +391,7 @@ def _check_resumable(
 ) -> None:
     # A checkpoint resumes only on the data and held-out split it was trained on.
     saved = state.metadata
-    old = saved.get("dataset_fingerprint")
-    new = metadata["dataset_fingerprint"]
+    old, new = saved.get("dataset_fingerprint"), metadata["dataset_fingerprint"]
     if old is not None and old != new:
         raise ValueError(
             f"resume_from={path!r} was trained on the data of "
@@ -376,14 +400,12 @@ def _check_resumable(
             f"other data (fingerprint {new[:19]}): resume with the dataset the "
             "checkpoint was trained on"
         )
-    for key, value in metadata.items():
-        if key in ("dataset_fingerprint", "dataset_path"):  # above; a file may move
-            continue
-        if saved.get(key) != value:
+    for key in ("dataset_pairs", "held_out_split"):  # not dataset_path: files move
+        if saved.get(key) != metadata[key]:
             raise ValueError(
-                f"resume_from={path!r} was written for {key}="
-                f"{saved.get(key)!r}, but this run has {value!r}: resume "
-                "with the same dataset_path, held_out_fraction and held_out_seed"
+                f"resume_from={path!r} was written for {key}={saved.get(key)!r}, but "
+                f"this run has {metadata[key]!r}: resume with the same "
+                "dataset_path, held_out_fraction and held_out_seed"
             )
 
 
@@ -457,9 +479,7 @@ def train_reward_model(
         )
         kwargs = dict(reward_trainer_kwargs)
         epochs = int(kwargs.pop("epochs", 1))
-        kwargs["optimizer_cls"] = config_checks.optimizer_class(
-            kwargs.get("optimizer_cls", "AdamW")
-        )
+        kwargs["optimizer_cls"] = _optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
         batch_size = int(kwargs.get("batch_size", 32))
         distributed.check_batch_size(
             "reward_trainer_kwargs.batch_size", batch_size, context.world_size
@@ -469,9 +489,10 @@ def train_reward_model(
         # generator (the reward net's initial weights) is seeded from the run's seed.
         th.manual_seed(seed)
 
-        dataset = load_preference_dataset(dataset_path, trust_pickle)
-        spaces = _environment_spaces(environment)
-        _check_dataset(dataset, spaces, dataset_path, environment["gym_id"])
+        dataset = _load_dataset(dataset_path, trust_pickle)
+        env = gym.make(environment["gym_id"], **environment["env_make_kwargs"])
+        env.close()  # only its spaces are read, as the reward ingredient reads a venv's
+        _check_dataset(dataset, env, dataset_path, environment["gym_id"])
         fingerprint = dataset_fingerprint(dataset)
         distributed.check_same_on_every_rank(
             context,
@@ -499,7 +520,7 @@ def train_reward_model(
             "dataset_path": str(dataset_path),
         }
 
-        net = reward.make_reward_net(spaces)
+        net = reward.make_reward_net(env)
         _check_single_net(net)
         state = None
         if resume_from is not None:
@@ -520,8 +541,7 @@ def train_reward_model(
         )
         first_epoch = 0
         if state is not None:
-            assert resume_from is not None
-            checkpoint.restore_state(trainer, state, resume_from)
+            checkpoint.restore_state(trainer, state, str(resume_from))
             first_epoch = state.epoch
             custom_logger.log(f"Resuming from {resume_from} after epoch {first_epoch}")
             _apply_configured_optimizer(trainer, reward_trainer_kwargs, custom_logger)
@@ -547,9 +567,10 @@ def train_reward_model(
             if len(held_out_idx):
                 result = trainer.evaluate(held_out_set)
                 figures.update(loss=result.loss, accuracy=result.metrics["accuracy"])
-                custom_logger.record("held_out/loss", result.loss)
-                custom_logger.record("held_out/accuracy", result.metrics["accuracy"])
-            custom_logger.record("epoch", epoch)
+            for key, value in figures.items():
+                custom_logger.record(
+                    key if key == "epoch" else f"held_out/{key}", value
+                )
             custom_logger.dump(epoch)
             history.append(figures)
             periodic = checkpoint_interval > 0 and epoch % checkpoint_interval == 0
