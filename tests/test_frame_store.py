@@ -2,6 +2,7 @@
 
 import gc
 import json
+import os
 import pathlib
 import weakref
 from typing import List, Tuple
@@ -430,8 +431,26 @@ def test_a_symlinked_array_is_refused(rng, tmp_path):
     with pytest.raises(ValueError) as error:
         PreferenceDataset.load(path)
     message = str(error.value)
-    assert "'acts'" in message and "'acts.npy'" in message
-    assert str(path) in message and "symbolic link" in message
+    assert "'acts'" in message and str(path / "acts.npy") in message
+    assert "symbolic link" in message
+
+
+def test_a_link_is_refused_by_the_open_itself(rng, tmp_path, monkeypatch):
+    """A link made after any check is not followed: O_NOFOLLOW in the open."""
+    path, copy = store_with_acts_elsewhere(rng, tmp_path)
+    (path / "acts.npy").unlink()
+    (path / "acts.npy").symlink_to(copy)
+    monkeypatch.setattr(pathlib.Path, "is_symlink", lambda self: False)
+    with pytest.raises(StoreError, match=r"acts\.npy.*symbolic link"):
+        PreferenceDataset.load(path)
+
+
+def test_an_array_that_is_not_a_regular_file_is_refused(rng, tmp_path):
+    path, _ = store_with_acts_elsewhere(rng, tmp_path)
+    (path / "acts.npy").unlink()
+    os.mkfifo(path / "acts.npy")  # would block a plain open
+    with pytest.raises(StoreError, match=r"acts\.npy.*not a regular file"):
+        PreferenceDataset.load(path)
 
 
 def test_a_symlinked_manifest_is_refused(rng, tmp_path):

@@ -6,11 +6,17 @@ and read only from plain files inside the store's directory. A store is written 
 a temporary sibling directory (:mod:`imitation_accum.io.atomic`) renamed into place.
 """
 
+import ctypes
+import errno
+import functools
 import hashlib
 import json
+import math
 import os
 import pathlib
 import shutil
+import stat
+import sys
 from typing import Any, BinaryIO, Dict, Iterable, Mapping, Optional, Tuple
 
 import numpy as np
@@ -27,13 +33,23 @@ class StoreError(ValueError):
     """A store that cannot be read: missing, truncated, corrupt or of a new version."""
 
 
+class StoreReplaceError(OSError):
+    """A new store could not be moved into place, nor the old one back: both kept."""
+
+
 def write_store(
     path: AnyPath,
     arrays: Mapping[str, Iterable[np.ndarray]],
     shapes: Mapping[str, Tuple[Tuple[int, ...], np.dtype]],
     metadata: Mapping[str, Any],
+    env_id: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Writes a store to directory ``path``, replacing any store there.
+
+    The store is written in a temporary sibling directory, then swapped in: at
+    every moment ``path`` holds the complete old store or the complete new one
+    (one ``renameat2(RENAME_EXCHANGE)`` on Linux; elsewhere the old store is
+    moved aside and back if the new one cannot be moved in).
 
     Args:
         path: The store's directory.
@@ -41,11 +57,21 @@ def write_store(
             never concatenated in memory).
         shapes: Per array name, its full shape and dtype.
         metadata: JSON-serializable metadata kept in the manifest.
+        env_id: The environment id recorded under the manifest's ``"env_id"``
+            key (left out if ``None``).
 
     Returns:
         The manifest written.
+
+    Raises:
+        FileExistsError: if ``path`` exists and is not a frame store (checked
+            before anything is written).
+        OSError: if the new store cannot be moved into place; ``path`` then
+            holds the old store, or (:class:`StoreReplaceError`) the message says
+            where the old and the new store are.
     """
     target = pathlib.Path(path)
+    _check_replaceable(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = atomic.temporary_sibling(target)
     temporary.mkdir()
@@ -62,12 +88,14 @@ def write_store(
                 np.lib.format.write_array_header_1_0(file, header)
                 entries[name] = _entry(name, blocks, shape, dtype, file)
                 atomic.fsync_file(file)
-        manifest = _manifest(entries, metadata)
+        manifest = _manifest(entries, metadata, env_id)
         with open(temporary / MANIFEST, "w") as file:
             json.dump(manifest, file, indent=1, sort_keys=True)
             atomic.fsync_file(file)
         atomic.fsync_directory(temporary)
         _replace_directory(temporary, target)
+    except StoreReplaceError:
+        raise  # the new store is kept where the message says
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
@@ -86,13 +114,18 @@ def describe(
     return _manifest(entries, metadata)
 
 
-def _manifest(entries: Dict[str, Any], metadata: Mapping[str, Any]) -> Dict[str, Any]:
-    return {
+def _manifest(
+    entries: Dict[str, Any], metadata: Mapping[str, Any], env_id: Optional[str] = None
+) -> Dict[str, Any]:
+    manifest = {
         "format": FORMAT,
         "version": VERSION,
         "arrays": entries,
         "metadata": dict(metadata),
     }
+    if env_id is not None:
+        manifest["env_id"] = env_id
+    return manifest
 
 
 def _entry(
@@ -123,21 +156,95 @@ def _entry(
     }
 
 
+def _check_replaceable(target: pathlib.Path) -> None:
+    """Raises unless ``target`` is absent, an empty directory or a frame store."""
+    if not os.path.lexists(target):
+        return
+    if not target.is_dir():
+        raise FileExistsError(
+            f"{target} exists and is not a frame store; not replacing it"
+        )
+    if not (target / MANIFEST).is_file() and any(target.iterdir()):
+        raise FileExistsError(
+            f"{target} exists and is not a frame store; not replacing it"
+        )
+
+
 def _replace_directory(source: pathlib.Path, target: pathlib.Path) -> None:
-    # A directory cannot be renamed over a non-empty one: move the old store aside
-    # first, then remove it once the new one is in place.
-    old = None
-    if target.exists():
-        if not (target / MANIFEST).is_file() and any(target.iterdir()):
-            raise FileExistsError(
-                f"{target} exists and is not a frame store; not replacing it"
-            )
+    """Moves the complete store ``source`` to ``target``, replacing what is there."""
+    if not os.path.lexists(target):
+        os.replace(source, target)
+    elif _exchange(source, target):  # source now holds the old store
+        atomic.fsync_directory(target.parent)
+        shutil.rmtree(source, ignore_errors=True)
+        return
+    else:
+        # A directory cannot be renamed over a non-empty one: move the old store
+        # aside, move the new one in, and move the old one back if that fails.
         old = atomic.temporary_sibling(target, "old.")
         os.replace(target, old)
-    os.replace(source, target)
-    atomic.fsync_directory(target.parent)
-    if old is not None:
+        try:
+            os.replace(source, target)
+        except BaseException as error:
+            try:
+                os.replace(old, target)
+            except BaseException as restore_error:
+                raise StoreReplaceError(
+                    f"{target}: the new store could not be moved in ({error}), nor "
+                    f"the old one back ({restore_error}): the old store is at {old}, "
+                    f"the new one at {source}"
+                ) from error
+            raise OSError(
+                f"{target}: the new store could not be moved in ({error}); "
+                f"{target} still holds the old store; the new one (at {source}) "
+                "is removed"
+            ) from error
         shutil.rmtree(old, ignore_errors=True)
+    atomic.fsync_directory(target.parent)
+
+
+def _exchange(source: pathlib.Path, target: pathlib.Path) -> bool:
+    """Swaps two directories in one step (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    Returns:
+        ``False``, having changed nothing, where the system or file system does
+        not offer the swap.
+
+    Raises:
+        OSError: if the swap fails otherwise (nothing is changed then either).
+    """
+    renameat2 = _renameat2()
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2  # from <fcntl.h> and <linux/fs.h>
+    if renameat2(
+        at_fdcwd, os.fsencode(source), at_fdcwd, os.fsencode(target), rename_exchange
+    ):
+        code = ctypes.get_errno()
+        if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+            return False
+        raise OSError(code, os.strerror(code), str(source), None, str(target))
+    return True
+
+
+@functools.cache
+def _renameat2() -> Optional[Any]:
+    # Python has no os.renameat2; glibc 2.28+ has it.
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return None
+    function.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
+    function.restype = ctypes.c_int
+    return function
 
 
 def read_manifest(path: AnyPath) -> Dict[str, Any]:
@@ -145,22 +252,18 @@ def read_manifest(path: AnyPath) -> Dict[str, Any]:
 
     Raises:
         StoreError: naming the file, if the directory or manifest is missing,
-            unreadable, of another format or of another version.
+            unreadable, a symbolic link, of another format or of another version.
     """
     directory = pathlib.Path(path)
     manifest_path = directory / MANIFEST
     if not directory.is_dir():
         raise StoreError(f"{directory}: no such frame-store directory")
-    if manifest_path.is_symlink():
-        raise StoreError(
-            f"{manifest_path}: a symbolic link; the manifest of the frame store "
-            f"{directory} must be a plain file inside it"
-        )
-    if not manifest_path.is_file():
-        raise StoreError(f"{manifest_path}: missing; {directory} is not a frame store")
     try:
-        manifest = json.loads(manifest_path.read_text())
+        with _open_plain(directory, MANIFEST, "the manifest") as file:
+            manifest = json.loads(file.read())
     except (OSError, ValueError) as error:
+        if isinstance(error, StoreError):
+            raise
         raise StoreError(f"{manifest_path}: unreadable ({error})") from error
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise StoreError(f"{manifest_path}: not a {FORMAT} manifest")
@@ -171,6 +274,11 @@ def read_manifest(path: AnyPath) -> Dict[str, Any]:
         )
     if not isinstance(manifest.get("arrays"), dict):
         raise StoreError(f"{manifest_path}: no 'arrays' table")
+    if not isinstance(manifest.get("metadata", {}), dict):
+        raise StoreError(f"{manifest_path}: 'metadata' is not a table")
+    env_id = manifest.get("env_id")
+    if env_id is not None and not isinstance(env_id, str):
+        raise StoreError(f"{manifest_path}: 'env_id' is {env_id!r}, not a string")
     return manifest
 
 
@@ -181,66 +289,142 @@ def open_array(
 
     ``manifest`` is the store's (:func:`read_manifest`); ``verify`` also checks the
     SHA-256 (reads the whole file). Returns a read-only ``np.memmap`` (or empty array).
+    The file is opened once, without following a symbolic link, and mapped from
+    that descriptor: what was checked is what is mapped.
 
     Raises:
-        StoreError: naming the file, if it is missing, truncated, corrupt, of
-            another shape or dtype than recorded, not a plain file name inside the
-            store or a symbolic link.
+        StoreError: naming the store and the entry or file, if the entry is
+            incomplete, the file missing, truncated, corrupt, of another shape or
+            dtype than recorded, not a plain file name inside the store, a
+            symbolic link or not a regular file.
     """
     directory = pathlib.Path(path)
-    try:
-        entry = manifest["arrays"][name]
-        file_name = entry["file"]
-        shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise StoreError(
-            f"{directory / MANIFEST}: no valid entry for array {name!r}"
-        ) from error
-    # Checked before anything is opened: a crafted manifest must not make a
-    # load read (or map) a file outside the store.
-    if not _is_plain_name(file_name):
-        raise StoreError(
-            f"{directory / MANIFEST}: array {name!r} is stored in {file_name!r}, "
-            f"not a plain file name inside the store {directory} (no path "
-            "separators, no '..', not absolute)"
-        )
-    file = directory / file_name
-    if file.is_symlink():
-        raise StoreError(
-            f"{directory / MANIFEST}: array {name!r} is stored in {file_name!r}, "
-            f"a symbolic link; the arrays of the store {directory} must be plain "
-            "files inside it"
-        )
-    if not file.is_file():
-        raise StoreError(f"{file}: missing")
-    try:
-        with open(file, "rb") as handle:
-            version = np.lib.format.read_magic(handle)
+    file_name, shape, dtype, n_bytes, sha256 = _check_entry(directory, manifest, name)
+    file_path = directory / file_name
+    with _open_plain(directory, file_name, f"array {name!r}") as file:
+        try:
+            version = np.lib.format.read_magic(file)
             read_header = (
                 np.lib.format.read_array_header_1_0
                 if version == (1, 0)
                 else np.lib.format.read_array_header_2_0
             )
-            header = read_header(handle)
-            offset = handle.tell()
-    except (OSError, ValueError) as error:
-        raise StoreError(f"{file}: not a readable .npy file ({error})") from error
-    if header[0] != shape or header[2] != dtype or header[1]:
+            header = read_header(file)
+            offset = file.tell()
+        except (OSError, ValueError) as error:
+            raise StoreError(
+                f"{file_path}: not a readable .npy file ({error})"
+            ) from error
+        if header[0] != shape or header[2] != dtype or header[1]:
+            raise StoreError(
+                f"{file_path}: holds {header[2]} {header[0]}; the manifest records "
+                f"{dtype} {shape}"
+            )
+        size = os.fstat(file.fileno()).st_size
+        if size != offset + n_bytes:
+            raise StoreError(
+                f"{file_path}: {size - offset} bytes of data, the manifest records "
+                f"{n_bytes} (truncated or corrupt)"
+            )
+        if verify and _file_digest(file, offset) != sha256:
+            raise StoreError(
+                f"{file_path}: SHA-256 differs from the manifest's (corrupt)"
+            )
+        if n_bytes == 0:
+            return np.empty(shape, dtype)
+        # The map holds its own reference to the file; closing ours is safe.
+        return np.memmap(file, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+def _check_entry(
+    directory: pathlib.Path, manifest: Mapping[str, Any], name: str
+) -> Tuple[str, Tuple[int, ...], np.dtype, int, str]:
+    """Array ``name``'s manifest entry: file name, shape, dtype, bytes, SHA-256.
+
+    Everything is checked before a file is opened: a crafted manifest must not
+    make a load read (or map) a file outside the store, or map more than the file.
+    """
+    where = f"{directory / MANIFEST}: array {name!r}"
+    entry = manifest["arrays"].get(name)
+    if not isinstance(entry, dict):
+        raise StoreError(f"{where}: no entry")
+    missing = [
+        k for k in ("file", "shape", "dtype", "bytes", "sha256") if k not in entry
+    ]
+    if missing:
+        raise StoreError(f"{where}: the entry has no {', '.join(map(repr, missing))}")
+    file_name, shape, n_bytes, sha256 = (
+        entry["file"],
+        entry["shape"],
+        entry["bytes"],
+        entry["sha256"],
+    )
+    if not _is_plain_name(file_name):
         raise StoreError(
-            f"{file}: holds {header[2]} {header[0]}; the manifest records "
-            f"{dtype} {shape}"
+            f"{where} is stored in {file_name!r}, not a plain file name inside the "
+            f"store {directory} (no path separators, no '..', not absolute)"
         )
-    size = file.stat().st_size
-    if size != offset + int(entry["bytes"]):
+    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+        raise StoreError(f"{where}: shape {shape!r} is not a list of sizes >= 0")
+    try:
+        dtype = np.dtype(entry["dtype"])
+    except (TypeError, ValueError) as error:
+        raise StoreError(f"{where}: dtype {entry['dtype']!r} ({error})") from error
+    if dtype.hasobject or not isinstance(entry["dtype"], str):
+        raise StoreError(f"{where}: dtype {entry['dtype']!r} is not a plain dtype")
+    if not _is_count(n_bytes):
+        raise StoreError(f"{where}: bytes {n_bytes!r} is not a size")
+    # Python integers: a shape whose product overflows int64 is caught here.
+    needed = math.prod(shape) * dtype.itemsize
+    if needed != n_bytes:
         raise StoreError(
-            f"{file}: {size - offset} bytes of data, the manifest records "
-            f"{entry['bytes']} (truncated or corrupt)"
+            f"{where}: shape {shape} of {dtype} needs {needed} bytes, the entry "
+            f"records {n_bytes}"
         )
-    if verify and _file_digest(file, offset) != entry["sha256"]:
-        raise StoreError(f"{file}: SHA-256 differs from the manifest's (corrupt)")
-    if int(np.prod(shape)) == 0:
-        return np.empty(shape, dtype)
-    return np.load(file, mmap_mode="r", allow_pickle=False)
+    if needed > np.iinfo(np.int64).max:
+        raise StoreError(f"{where}: shape {shape} is too large")
+    if not isinstance(sha256, str) or len(sha256) != 64:
+        raise StoreError(f"{where}: sha256 {sha256!r} is not a SHA-256 digest")
+    return file_name, tuple(shape), dtype, n_bytes, sha256
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _open_plain(directory: pathlib.Path, file_name: str, what: str) -> BinaryIO:
+    """Opens ``directory / file_name`` for reading: a regular file, not a link.
+
+    ``O_NOFOLLOW`` refuses a link in the open itself (no check-then-open race);
+    ``O_NONBLOCK`` keeps a FIFO from blocking before ``fstat`` refuses it.
+
+    Raises:
+        StoreError: naming the file and the store.
+    """
+    path = directory / file_name
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    if path.is_symlink():  # where O_NOFOLLOW is missing, and for a clear message
+        raise StoreError(
+            f"{path}: {what} of the frame store {directory} is a symbolic link; "
+            "it must be a plain file inside the store"
+        )
+    try:
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError as error:
+        raise StoreError(f"{path}: missing ({what} of {directory})") from error
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise StoreError(
+                f"{path}: {what} of the frame store {directory} is a symbolic "
+                "link; it must be a plain file inside the store"
+            ) from error
+        raise StoreError(f"{path}: cannot be opened ({error})") from error
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StoreError(f"{path}: {what} of {directory} is not a regular file")
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def _is_plain_name(file_name: Any) -> bool:
@@ -254,12 +438,11 @@ def _is_plain_name(file_name: Any) -> bool:
     )
 
 
-def _file_digest(file: pathlib.Path, offset: int) -> str:
+def _file_digest(file: BinaryIO, offset: int) -> str:
     digest = hashlib.sha256()
-    with open(file, "rb") as handle:
-        handle.seek(offset)
-        for block in iter(lambda: handle.read(2**24), b""):
-            digest.update(block)
+    file.seek(offset)
+    for block in iter(lambda: file.read(2**24), b""):
+        digest.update(block)
     return digest.hexdigest()
 
 

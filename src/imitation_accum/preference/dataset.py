@@ -312,6 +312,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
         self._columns: Dict[str, RowStore] = {}
         self._fingerprint: Optional[str] = None
         self._source: Optional[pathlib.Path] = None
+        self._env_id: Optional[str] = None
 
     def __len__(self) -> int:
         return len(self._columns["preferences"]) if self._columns else 0
@@ -337,10 +338,18 @@ class PreferenceDataset(ImitationPreferenceDataset):
 
     @property
     def preferences(self) -> np.ndarray:  # type: ignore[override]
-        """Probability that each first fragment is preferred (float64, as imitation)."""
-        if not self._columns:
-            return np.array([])
-        return self._columns["preferences"].to_array().astype(np.float64)
+        """Probability that each first fragment is preferred (float64, as imitation).
+
+        A new read-only array: assigning to it raises ``ValueError`` rather than
+        being lost.
+        """
+        out = (
+            self._columns["preferences"].to_array().astype(np.float64)
+            if self._columns
+            else np.array([])
+        )
+        out.flags.writeable = False
+        return out
 
     @property
     def layout(self) -> Optional[StackLayout]:
@@ -351,6 +360,11 @@ class PreferenceDataset(ImitationPreferenceDataset):
     def source(self) -> Optional[pathlib.Path]:
         """The store this dataset was loaded from or saved to, while unchanged."""
         return self._source
+
+    @property
+    def env_id(self) -> Optional[str]:
+        """The environment id the store records (``None`` if none: older stores)."""
+        return self._env_id
 
     @property
     def nbytes(self) -> Dict[str, int]:
@@ -372,13 +386,29 @@ class PreferenceDataset(ImitationPreferenceDataset):
         terminal = bool(row[_TERMINAL])
         spans = cols["info_spans"]
         start, size = spans.take(np.array([spans.first + position]))[0]
-        infos = _decode_infos(cols["infos"].rows(start, start + size).tobytes())
+        infos = self._infos(position, cols["infos"].rows(start, start + size))
         if not row[_HAS_REWS]:
             return types.Trajectory(obs=obs, acts=acts, infos=infos, terminal=terminal)
         rews = cols["rews"].rows(row[_TRANS], row[_TRANS] + length)
         return types.TrajectoryWithRew(
             obs=obs, acts=acts, infos=infos, terminal=terminal, rews=rews
         )
+
+    def _infos(self, position: int, data: np.ndarray) -> Optional[np.ndarray]:
+        """Fragment ``position``'s infos from their JSON bytes ``data``.
+
+        Raises:
+            imitation_accum.io.frame_store.StoreError: naming ``infos.npy`` and the
+                pair, if a loaded store's bytes are not infos as saved.
+        """
+        try:
+            return _decode_infos(data.tobytes())
+        except (ValueError, TypeError, KeyError) as error:
+            where = "infos" if self._source is None else self._source / "infos.npy"
+            raise frame_store.StoreError(
+                f"{where}: the infos of pair {position // 2}, side {position % 2} "
+                f"are not valid ({type(error).__name__}: {error})"
+            ) from error
 
     def fragment_index(self, pairs: np.ndarray) -> np.ndarray:
         """The store's index rows of pairs ``pairs``' fragments, ``(len(pairs), 2, 6)``.
@@ -418,7 +448,8 @@ class PreferenceDataset(ImitationPreferenceDataset):
                 float32 of shape ``(len(fragments),)``.
 
         Raises:
-            ValueError: as imitation's for ``preferences``; naming the fragment
+            ValueError: as imitation's for ``preferences``; naming the first
+                preference outside ``[0, 1]`` (or NaN); naming the fragment
                 (``fragments[i][j]``) whose observations or actions are
                 dictionaries or differ from the dataset's. Nothing is then stored.
         """
@@ -429,6 +460,13 @@ class PreferenceDataset(ImitationPreferenceDataset):
             )
         if preferences.dtype != np.float32:
             raise ValueError("preferences should have dtype float32")
+        outside = np.flatnonzero(~((preferences >= 0) & (preferences <= 1)))
+        if len(outside):
+            i = int(outside[0])
+            raise ValueError(
+                f"preferences[{i}]={preferences[i]} is outside [0, 1] "
+                f"({len(outside)} of {len(preferences)} are)"
+            )
         if not len(fragments):
             return
         if any(len(pair) != 2 for pair in fragments):
@@ -549,22 +587,40 @@ class PreferenceDataset(ImitationPreferenceDataset):
         }
         return blocks, shapes, metadata
 
-    def save(self, path: AnyPath) -> None:
+    def save(self, path: AnyPath, *, env_id: Optional[str] = None) -> None:
         """Writes the dataset as a frame store directory, atomically (see :meth:`load`).
+
+        ``path`` holds the old store until the new one is complete, then the new
+        one (see :func:`imitation_accum.io.frame_store.write_store`).
 
         Args:
             path: The store's directory (replaced if it holds a store).
+            env_id: The environment the pairs come from (a gymnasium id), recorded
+                in the manifest and read back as :attr:`env_id`. ``None`` keeps
+                the one this dataset has (from the store it was loaded from or
+                saved to), if any. Not part of :meth:`fingerprint`.
 
         Raises:
-            ValueError: if the dataset is empty.
+            ValueError: if the dataset is empty, or ``env_id`` is an empty string.
+            TypeError: if ``env_id`` is not a string.
+            OSError: if the new store cannot be moved into place; the message
+                says where the old and the new store are.
         """
+        if env_id is not None and not isinstance(env_id, str):
+            raise TypeError(f"env_id={env_id!r} must be a string (or None)")
+        if env_id == "":
+            raise ValueError("env_id='' must name an environment (or be None)")
         if not self._columns:
             raise ValueError("the dataset is empty: push some pairs before saving")
         directory = util.parse_path(path)
+        env_id = self._env_id if env_id is None else env_id
         blocks, shapes, metadata = self._arrays()
-        manifest = frame_store.write_store(directory, blocks, shapes, metadata)
+        manifest = frame_store.write_store(
+            directory, blocks, shapes, metadata, env_id=env_id
+        )
         self._fingerprint = frame_store.fingerprint_of(manifest)
         self._source = directory
+        self._env_id = env_id
 
     @staticmethod
     def load(path: AnyPath, verify: bool = False) -> "PreferenceDataset":
@@ -578,11 +634,13 @@ class PreferenceDataset(ImitationPreferenceDataset):
             verify: Also check the frames' SHA-256 (reads every frame once).
 
         Returns:
-            The dataset, with ``max_size`` as saved.
+            The dataset, with ``max_size`` and :attr:`env_id` as saved.
 
         Raises:
-            imitation_accum.io.frame_store.StoreError: naming the file, if the
-                store is missing, truncated, corrupt or of another version.
+            imitation_accum.io.frame_store.StoreError: naming the store and the
+                file or manifest entry, if the store is missing, truncated,
+                corrupt, inconsistent, of another version, or names or links to
+                anything outside its directory.
         """
         directory = util.parse_path(path)
         manifest = frame_store.read_manifest(directory)
@@ -593,7 +651,10 @@ class PreferenceDataset(ImitationPreferenceDataset):
             for name in _ARRAYS
         }
         layout = _check_store(directory, manifest, arrays)
-        dataset = PreferenceDataset(max_size=manifest["metadata"].get("max_size"))
+        dataset = PreferenceDataset(
+            max_size=manifest.get("metadata", {}).get("max_size")
+        )
+        dataset._env_id = manifest.get("env_id")
         dataset._layout = layout
         dataset._columns = {name: RowStore.of_array(a) for name, a in arrays.items()}
         dataset._fingerprint = frame_store.fingerprint_of(manifest)
@@ -698,31 +759,31 @@ def _check_store(
     Raises:
         imitation_accum.io.frame_store.StoreError: naming the file at fault.
     """
-    try:
-        metadata = manifest["metadata"]
-        layout = StackLayout(
-            tuple(int(n) for n in metadata["obs_shape"]),
-            int(metadata["channels"]),
-        )
-    except (KeyError, TypeError, ValueError) as error:
-        where = directory / frame_store.MANIFEST
-        raise frame_store.StoreError(f"{where}: invalid metadata ({error})") from error
+    layout = _layout_of(directory, manifest.get("metadata", {}))
 
     def fail(name: str, what: str) -> frame_store.StoreError:
         return frame_store.StoreError(f"{directory / (name + '.npy')}: {what}")
 
+    for name, kind in _ARRAY_KINDS.items():
+        if arrays[name].dtype.kind not in kind:
+            raise fail(name, f"dtype {arrays[name].dtype} is not {_KIND_NAMES[kind]}")
     frames, obs_frames = arrays["frames"], arrays["obs_frames"]
     fragments, prefs = arrays["fragments"], arrays["preferences"]
+    recorded = (
+        f"the manifest's obs_shape={list(layout.obs_shape)} and "
+        f"channels={layout.channels}"
+    )
     if tuple(frames.shape[1:]) != layout.frame_shape:
         raise fail(
             "frames",
-            f"frames of shape {frames.shape[1:]}, the manifest's "
-            f"layout needs {layout.frame_shape}",
+            f"frames of shape {frames.shape[1:]}, but {recorded} need "
+            f"{layout.frame_shape}",
         )
     if obs_frames.shape[1:] != (layout.depth,):
         raise fail(
             "obs_frames",
-            f"rows of shape {obs_frames.shape[1:]}, expected ({layout.depth},)",
+            f"rows of {obs_frames.shape[1:]} frames, but {recorded} need "
+            f"({layout.depth},)",
         )
     if fragments.shape[1:] != (6,) or len(fragments) != 2 * len(prefs):
         raise fail(
@@ -754,6 +815,51 @@ def _check_store(
     return layout
 
 
+# What the index arrays must hold, so that reading them gives ids and bytes.
+_ARRAY_KINDS = {
+    "obs_frames": "i",
+    "fragments": "i",
+    "info_spans": "i",
+    "infos": "u",
+    "preferences": "f",
+}
+_KIND_NAMES = {"i": "signed integers", "u": "bytes", "f": "floating point"}
+
+
+def _layout_of(directory: pathlib.Path, metadata: Mapping[str, Any]) -> StackLayout:
+    """The stack layout the manifest's metadata records, checked for consistency.
+
+    Raises:
+        imitation_accum.io.frame_store.StoreError: naming the manifest and key.
+    """
+    where = directory / frame_store.MANIFEST
+    obs_shape, channels = metadata.get("obs_shape"), metadata.get("channels")
+    if not isinstance(obs_shape, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in obs_shape
+    ):
+        raise frame_store.StoreError(
+            f"{where}: metadata obs_shape={obs_shape!r} is not a list of sizes"
+        )
+    # Frames split the last axis evenly; a scalar observation is one frame.
+    last = obs_shape[-1] if obs_shape else 1
+    if (
+        not isinstance(channels, int)
+        or isinstance(channels, bool)
+        or channels < 1
+        or last % channels
+    ):
+        raise frame_store.StoreError(
+            f"{where}: metadata channels={channels!r} does not divide the last axis "
+            f"of obs_shape={obs_shape}"
+        )
+    max_size = metadata.get("max_size")
+    if max_size is not None and (not isinstance(max_size, int) or max_size < 1):
+        raise frame_store.StoreError(
+            f"{where}: metadata max_size={max_size!r} is not None or a size >= 1"
+        )
+    return StackLayout(tuple(obs_shape), channels)
+
+
 # -- a fragment's infos as JSON bytes -------------------------------------------
 
 _ARRAY, _REPR = "__ndarray__", "__repr__"
@@ -766,10 +872,16 @@ def _encode_infos(infos: Optional[Any]) -> bytes:
 
 
 def _decode_infos(data: bytes) -> Optional[np.ndarray]:
-    """Infos as imitation keeps them: ``None`` or an object array of dicts."""
+    """Infos as imitation keeps them: ``None`` or an object array of dicts.
+
+    Raises:
+        ValueError: if ``data`` is not such a JSON document.
+    """
     value = json.loads(data.decode(), object_hook=_decode_value)
     if value is None:
         return None
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ValueError("not a JSON list of dictionaries")
     infos = np.empty(len(value), dtype=object)
     infos[:] = value
     return infos
