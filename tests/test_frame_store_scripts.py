@@ -73,6 +73,39 @@ def test_convert_command_line_names_a_bad_input(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def pickled(rng, tmp_path: pathlib.Path, prefs: np.ndarray) -> pathlib.Path:
+    original = pc.PreferenceDataset()
+    original.push(make_pairs(rng, len(prefs)), prefs)
+    tmp_path.mkdir(exist_ok=True)
+    original.save(tmp_path / "in.pkl")
+    return tmp_path / "in.pkl"
+
+
+def test_convert_refuses_an_existing_target_unless_told(rng, tmp_path, capsys):
+    source = pickled(rng, tmp_path, preferences_of(rng, 3))
+    target = tmp_path / "out"
+    assert convert_preferences.main([str(source), str(target)]) == 0
+    before = PreferenceDataset.load(target).fingerprint()
+    other = pickled(rng, tmp_path / "other", preferences_of(rng, 2))
+    assert convert_preferences.main([str(other), str(target)]) == 2
+    assert f"{target} exists; pass --overwrite" in capsys.readouterr().err
+    assert PreferenceDataset.load(target).fingerprint() == before
+    code = convert_preferences.main([str(other), str(target), "--overwrite"])
+    assert code == 0 and len(PreferenceDataset.load(target)) == 2
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(ValueError, match="file exists; pass --overwrite"):
+        convert_preferences.convert(other, tmp_path / "file")
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+@pytest.mark.parametrize("bad", [1.5, np.nan])
+def test_convert_names_a_preference_outside_the_unit_interval(rng, tmp_path, bad):
+    source = pickled(rng, tmp_path, np.array([0.5, 0.0, bad, 1.0], np.float32))
+    with pytest.raises(ValueError, match=r"in\.pkl: pair 2 has preference"):
+        convert_preferences.convert(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def run(tmp_path: pathlib.Path, dataset_path, name: str, **updates):
     config = {
         "dataset_path": str(dataset_path),
