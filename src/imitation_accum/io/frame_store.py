@@ -160,11 +160,9 @@ def _check_replaceable(target: pathlib.Path) -> None:
     """Raises unless ``target`` is absent, an empty directory or a frame store."""
     if not os.path.lexists(target):
         return
-    if not target.is_dir():
-        raise FileExistsError(
-            f"{target} exists and is not a frame store; not replacing it"
-        )
-    if not (target / MANIFEST).is_file() and any(target.iterdir()):
+    if not target.is_dir() or (
+        not (target / MANIFEST).is_file() and any(target.iterdir())
+    ):
         raise FileExistsError(
             f"{target} exists and is not a frame store; not replacing it"
         )
