@@ -172,6 +172,7 @@ def test_every_script_is_tested_and_uses_docs_results():
         "bench_memory.py",
         "bench_reward_trainer.py",
         "frame_store.py",  # tests/test_frame_store_experiment.py
+        "frame_store_verify.py",  # tests/test_frame_store_experiment.py
         "gpu_bench.py",  # tests/test_gpu_bench.py
         "gpu_check.sh",
         "imitation_tests.py",

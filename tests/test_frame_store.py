@@ -351,15 +351,15 @@ def test_corrupt_index_is_named(rng, tmp_path):
         PreferenceDataset.load(path)
 
 
-def test_corrupt_frames_are_named_when_verified(rng, tmp_path):
+def test_corrupt_frames_are_named_by_default(rng, tmp_path):
     _, path, _, _ = saved(rng, tmp_path)
     frames = path / "frames.npy"
     data = bytearray(frames.read_bytes())
     data[-1] ^= 0xFF
     frames.write_bytes(bytes(data))
-    PreferenceDataset.load(path)  # sizes agree: frames are hashed only when asked
+    PreferenceDataset.load(path, verify=False)  # sizes agree; frames not hashed
     with pytest.raises(StoreError, match=r"frames\.npy.*SHA-256"):
-        PreferenceDataset.load(path, verify=True)
+        PreferenceDataset.load(path)  # the default: hashed
 
 
 def test_manifest_errors_are_named(rng, tmp_path):

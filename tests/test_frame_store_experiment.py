@@ -1,4 +1,4 @@
-"""Smoke test of ``experiments/frame_store.py --quick`` (figures not checked)."""
+"""Smoke tests of the frame-store experiments, ``--quick`` (figures not checked)."""
 
 from typing import List
 
@@ -42,3 +42,16 @@ def test_frame_store_quick(tmp_path):
     ]
     assert epochs[-1][1] == "yes"
     assert_made_by(text, "frame_store.py")
+
+
+def test_frame_store_verify_quick(tmp_path):
+    run_script("frame_store_verify.py", tmp_path, "--quick")
+    text = read(tmp_path / "frame_store_verify.md")
+    (rows,) = tables(text)
+    assert [row[0] for row in rows[1:3]] == [
+        "`load(path, verify=False)`",
+        "`load(path, verify=True)` (the default)",
+    ]
+    assert rows[-1][0] == "verifying, as a share of the epoch"
+    assert all(float(row[1].split()[0].rstrip("%")) >= 0 for row in rows[1:3])
+    assert_made_by(text, "frame_store_verify.py")
