@@ -77,6 +77,11 @@ def test_a_row_cut_short_is_dropped_when_appending(tmp_path):
     writer.write({"a": 7, "c": 8}, {"a": None, "c": None})  # a new key: a new column
     writer.close()
     assert path.read_text() == "a,b,c\n1,2,\n5,6,\n7,,8\n"
+    path.write_text("a,")  # the header cut short
+    writer = experiment.AppendingCSVOutputFormat(str(path))
+    writer.write({"a": 1}, {"a": None})
+    writer.close()
+    assert path.read_text() == "a\n1\n"
 
 
 # --- item: a refused resume writes nothing ----------------------------------

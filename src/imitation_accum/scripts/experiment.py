@@ -381,10 +381,11 @@ class AppendingCSVOutputFormat(sb_logger.CSVOutputFormat):
         self.separator = ","
         self.quotechar = '"'
         lines = self.file.readlines()
-        self.keys = lines[0].rstrip("\n").split(self.separator)
-        if not lines[-1].endswith("\n"):  # a row cut short
+        if not lines[-1].endswith("\n"):  # a row (or the header) cut short
+            lines.pop()
             self.file.seek(0)
-            self.file.truncate(sum(len(line) for line in lines[:-1]))
+            self.file.truncate(sum(len(line.encode()) for line in lines))
+        self.keys = lines[0].rstrip("\n").split(self.separator) if lines else []
         self.file.seek(0, os.SEEK_END)
 
 
