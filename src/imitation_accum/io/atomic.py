@@ -5,12 +5,13 @@ stopped process leaves no temporary file behind.
 """
 
 import contextlib
+import errno
 import os
 import pathlib
 import secrets
 import signal
 import threading
-from typing import IO, Any, Iterator, List, Tuple, Union
+from typing import IO, Any, Callable, Iterator, List, Tuple, Union
 
 import torch as th
 
@@ -39,19 +40,38 @@ def fsync_directory(directory: pathlib.Path) -> None:
 def atomic_save(obj: Any, path: AnyPath) -> pathlib.Path:
     """``th.save(obj, path)`` (parents created); ``path`` never holds a partial file.
 
+    See :func:`atomic_write`.
+    """
+    return atomic_write(path, lambda file: th.save(obj, file))
+
+
+def atomic_write(path: AnyPath, write: Callable[[IO[bytes]], Any]) -> pathlib.Path:
+    """``write(file)`` into ``path`` (parents created); never a partial file there.
+
     If anything fails, the temporary file is removed and ``path`` is left as it was.
 
     Returns:
         ``path`` as a ``pathlib.Path``.
+
+    Raises:
+        AtomicWriteError: if writing failed (a full disk, a file size limit):
+            naming ``path`` and saying that its earlier content is intact.
     """
     target = pathlib.Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     with _stop_signals_deferred():
         fd, temporary = _make_temporary(target)
         try:
-            with os.fdopen(fd, "wb") as file:
-                th.save(obj, file)
-                fsync_file(file)
+            try:
+                with os.fdopen(fd, "wb") as file:
+                    write(file)
+                    fsync_file(file)
+            except (OSError, RuntimeError) as error:
+                # torch reports a short write as "RuntimeError: [enforce fail at
+                # inline_container.cc] unexpected pos", which names no file or cause.
+                if isinstance(error, RuntimeError) and not _is_write_error(error):
+                    raise
+                raise AtomicWriteError(_write_failure(target, error)) from error
             os.replace(temporary, target)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -59,6 +79,42 @@ def atomic_save(obj: Any, path: AnyPath) -> pathlib.Path:
             raise
     fsync_directory(target.parent)
     return target
+
+
+class AtomicWriteError(OSError):
+    """Writing a file atomically failed; the target is as it was before."""
+
+
+#: Errors of a write that ran out of room (disk, quota, file size limit).
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _write_failure(target: pathlib.Path, error: BaseException) -> str:
+    # What failed, why if known, and that the earlier file is untouched.
+    cause = f"{type(error).__name__}: {error}"
+    if getattr(error, "errno", None) in _NO_ROOM or _disk_full(target.parent):
+        reason = "the disk is full (or a file size limit or quota was reached)"
+    else:
+        reason = "the write failed; is the disk full?"
+    kept = (
+        f"the previous {target.name} is intact"
+        if target.exists()
+        else "no partial file was left"
+    )
+    return f"could not write {str(target)!r}: {reason} ({cause}); {kept}"
+
+
+def _is_write_error(error: RuntimeError) -> bool:
+    # torch's zip writer (PyTorchStreamWriter, inline_container.cc) failing a write.
+    return any(tag in str(error) for tag in ("inline_container", "PytorchStreamWriter"))
+
+
+def _disk_full(directory: pathlib.Path) -> bool:
+    try:
+        stats = os.statvfs(directory)
+    except OSError:
+        return False
+    return stats.f_bavail == 0
 
 
 @contextlib.contextmanager

@@ -1,23 +1,47 @@
-"""imitation's sacred experiments, configured and run with imitation patched."""
+"""imitation's sacred experiments, configured and run with imitation patched.
+
+Also what every run directory gets: a lock held by the running process, an atomic
+``config.json``, logs that a resumed run continues, and a stop signal that always
+ends the run.
+"""
 
 import contextlib
 import copy
+import errno
+import fcntl
 import functools
+import io
 import logging
+import os
 import pathlib
 import re
+import signal
 import sys
 import textwrap
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import (
+    Any,
+    ContextManager,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 import sacred
+from imitation.util import logger as imit_logger
 from sacred.arg_parser import format_usage
 from sacred.commands import help_for_command
-from sacred.config import save_config_file
+from sacred.config.config_files import get_handler
 from sacred.observers import FileStorageObserver
 from sacred.utils import convert_to_nested_dict, ensure_wellformed_argv
+from stable_baselines3.common import logger as sb_logger
 
 from imitation_accum.integrations.patching import patched
+from imitation_accum.io import atomic
 
 
 class PatchedExperiment(sacred.Experiment):
@@ -31,6 +55,11 @@ class PatchedExperiment(sacred.Experiment):
 
     # No __init__: sacred takes the experiment's docstring, main file and sources
     # from the frame that calls its constructor.
+
+    #: Whether the main function calls :func:`begin_record` once its inputs are
+    #: checked: its command line then records nothing of a run refused before.
+    records_after_checks = False
+    _held: Optional[contextlib.ExitStack] = None
 
     @functools.cached_property
     def alternatives(self) -> Dict[str, List[Tuple[str, ...]]]:
@@ -92,8 +121,20 @@ class PatchedExperiment(sacred.Experiment):
     ) -> sacred.run.Run:
         """``sacred.Experiment.run`` with imitation patched and alternatives applied."""
         updates = user_alternatives_win(config_updates or {}, self.alternatives)
-        with patched(), self._own_keys_quiet():
-            return super().run(command_name, updates, named_configs, *args, **kwargs)
+        with patched(), self._own_keys_quiet(), contextlib.ExitStack() as held:
+            self._held = held
+            try:
+                return super().run(
+                    command_name, updates, named_configs, *args, **kwargs
+                )
+            finally:
+                self._held = None
+
+    def hold_while_running(self, manager: ContextManager[Any]) -> Any:
+        """Enters ``manager`` until the current run ends (completed or failed)."""
+        if self._held is None:
+            raise RuntimeError("hold_while_running is for run hooks, during a run")
+        return self._held.enter_context(manager)
 
     @functools.cached_property
     def own_sections(self) -> List[str]:
@@ -175,7 +216,7 @@ def derive(
     return ex
 
 
-def _add_run_directory_hooks(ex: sacred.Experiment, training: Set[str]) -> None:
+def _add_run_directory_hooks(ex: PatchedExperiment, training: Set[str]) -> None:
     # Run hooks of the training commands (not of print_config and the like).
 
     def trains(run: sacred.run.Run) -> bool:
@@ -183,12 +224,12 @@ def _add_run_directory_hooks(ex: sacred.Experiment, training: Set[str]) -> None:
 
     @ex.pre_run_hook
     def save_config(_run: sacred.run.Run, _log: logging.Logger) -> None:
-        """Saves the config in the run directory and says where that is."""
+        """Locks the run directory, saves the config there and says where it is."""
         if not trains(_run):
             return
         log_dir = pathlib.Path(_run.config["logging"]["log_dir"])
-        log_dir.mkdir(parents=True, exist_ok=True)
-        save_config_file(_run.config, str(log_dir / "config.json"))
+        ex.hold_while_running(lock_run_directory(log_dir))
+        write_config(_run.config, log_dir)
         _log.info(f"Run directory: {log_dir.resolve()}")
         for observer in _run.observers:
             if isinstance(observer, FileStorageObserver) and observer.dir is not None:
@@ -211,8 +252,255 @@ def main_console(ex: sacred.Experiment, observe: bool = True) -> None:
     """Runs ``ex``'s command line, recording runs under ``output/sacred/<name>/``.
 
     ``observe``: whether to record the run (only rank 0 does under ``torchrun``).
+    A stop signal received during the run ends the process (see
+    :func:`stop_on_signals`), even one that code of sacred swallowed.
     """
     if observe:
         observer_path = pathlib.Path.cwd() / "output" / "sacred" / str(ex.path)
-        ex.observers.append(FileStorageObserver(observer_path))
+        deferred = getattr(ex, "records_after_checks", False)
+        observer_cls = RecordAfterChecks if deferred else FileStorageObserver
+        ex.observers.append(observer_cls(observer_path))
     ex.run_commandline()
+    exit_if_stopped()
+
+
+# --- the run directory: lock, config, logs -----------------------------------
+
+#: The lock file a running experiment holds in its run directory (with its pid).
+LOCK_NAME = "run.lock"
+
+
+class RunDirectoryInUseError(RuntimeError):
+    """Another live process holds the run directory's lock."""
+
+
+@contextlib.contextmanager
+def lock_run_directory(
+    log_dir: pathlib.Path, key: str = "logging.log_dir"
+) -> Iterator[pathlib.Path]:
+    """Holds ``log_dir``'s lock (created with the directory) while the context runs.
+
+    ``fcntl.flock`` on ``log_dir/run.lock``, which holds this process's pid. The
+    kernel releases it when the process ends, so a crashed run leaves no stale lock.
+
+    Yields:
+        The lock file's path.
+
+    Raises:
+        RunDirectoryInUseError: if a live process holds it, naming its pid and
+            ``key`` (the config key of ``log_dir``).
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    path = log_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            raise RunDirectoryInUseError(
+                f"{key}={str(log_dir)!r} is in use by another run (pid "
+                f"{holder or 'unknown'}, holding {str(path)!r}): wait for it to end, "
+                f"or give another {key}"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield path
+        finally:
+            os.ftruncate(fd, 0)  # no pid left behind; the kernel drops the lock
+    finally:
+        os.close(fd)
+
+
+def write_config(config: Mapping[str, Any], log_dir: pathlib.Path) -> pathlib.Path:
+    """Writes ``config`` to ``log_dir/config.json`` atomically (as sacred writes it)."""
+    handler = get_handler("config.json")
+    text = io.StringIO()
+    handler.dump(config, text)
+    encoded = text.getvalue().encode()
+    return atomic.atomic_write(log_dir / "config.json", lambda f: f.write(encoded))
+
+
+def configure_logger(
+    folder: pathlib.Path, format_strs: Sequence[str], append: bool
+) -> imit_logger.HierarchicalLogger:
+    """The imitation logger in ``folder``; with ``append``, continuing its files.
+
+    SB3's formats open ``progress.csv``, ``progress.json`` and ``log.txt`` for
+    writing, which empties a resumed run's logs; these continue them (the CSV
+    header kept once), also under ``raw/``. Other formats are imitation's.
+    """
+    if not append:
+        return imit_logger.configure(folder=folder, format_strs=format_strs)
+    formats = _appending_formats(folder, format_strs)
+    return _AppendingLogger(
+        sb_logger.Logger(str(folder), formats),
+        [f for f in format_strs if f != "wandb"],
+    )
+
+
+def _appending_formats(
+    folder: pathlib.Path, format_strs: Sequence[str]
+) -> List[sb_logger.KVWriter]:
+    folder.mkdir(parents=True, exist_ok=True)
+    formats: List[sb_logger.KVWriter] = []
+    for name in format_strs:
+        if name == "csv":
+            formats.append(AppendingCSVOutputFormat(str(folder / "progress.csv")))
+        elif name == "json":
+            formats.append(_AppendingJSONOutputFormat(str(folder / "progress.json")))
+        elif name == "log":
+            text = open(folder / "log.txt", "a")  # noqa: SIM115 (the format closes it)
+            human = sb_logger.HumanOutputFormat(text, max_length=50)  # imitation's
+            human.own_file = True
+            formats.append(human)
+        elif name == "wandb":
+            formats.append(imit_logger.WandbOutputFormat())
+        else:  # stdout, tensorboard (a new event file per run)
+            formats.append(imit_logger.make_output_format(name, str(folder)))
+    return formats
+
+
+class AppendingCSVOutputFormat(sb_logger.CSVOutputFormat):
+    """SB3's CSV format continuing an existing file: its header kept, rows added.
+
+    A last row cut short (a killed process) is dropped. New keys extend the
+    header as SB3 does (earlier rows padded).
+    """
+
+    def __init__(self, filename: str) -> None:
+        if not os.path.isfile(filename) or os.path.getsize(filename) == 0:
+            super().__init__(filename)
+            return
+        # SB3's own attributes, with "r+" rather than its "w+t" (its header
+        # rewrite seeks to the start, so not "a").
+        self.file = open(filename, "r+")  # noqa: SIM115 (closed by close())
+        self.separator = ","
+        self.quotechar = '"'
+        lines = self.file.readlines()
+        if not lines[-1].endswith("\n"):  # a row (or the header) cut short
+            lines.pop()
+            self.file.seek(0)
+            self.file.truncate(sum(len(line.encode()) for line in lines))
+        self.keys = lines[0].rstrip("\n").split(self.separator) if lines else []
+        self.file.seek(0, os.SEEK_END)
+
+
+class _AppendingJSONOutputFormat(sb_logger.JSONOutputFormat):
+    # SB3's JSON lines format, appending ("a", not "w").
+    def __init__(self, filename: str) -> None:
+        self.file = open(filename, "a")  # noqa: SIM115 (closed by close())
+
+
+class _AppendingLogger(imit_logger.HierarchicalLogger):
+    # imitation's logger, its raw/ sub-loggers continuing their files too.
+
+    @contextlib.contextmanager
+    def accumulate_means(self, name: str) -> Iterator[None]:
+        subdir = os.path.join(*self._accumulate_prefixes, name)
+        if subdir not in self._cached_loggers:  # imitation's would open with "w"
+            folder = pathlib.Path(str(self.default_logger.get_dir())) / "raw" / subdir
+            formats = _appending_formats(folder, self.format_strs)
+            self._cached_loggers[subdir] = sb_logger.Logger(str(folder), formats)
+        with super().accumulate_means(name):
+            yield
+
+
+# --- the sacred run record ---------------------------------------------------
+
+
+class RecordAfterChecks(FileStorageObserver):
+    """sacred's ``FileStorageObserver`` whose record begins at :func:`begin_record`.
+
+    A run whose inputs are refused before then leaves no record (sacred would
+    start one, and mark it FAILED, before the main function runs).
+    """
+
+    _pending: Optional[Dict[str, Any]] = None
+    _begun = False
+
+    def started_event(self, **event: Any) -> Optional[str]:  # type: ignore[override]
+        """Keeps the start of the run for :meth:`begin`."""
+        self._pending = event
+        return None
+
+    def begin(self) -> Optional[str]:
+        """Writes the record's start; returns the run's id."""
+        if self._pending is None:
+            return None
+        event, self._pending = self._pending, None
+        self._begun = True
+        return super().started_event(**event)
+
+    # Events of a run whose record has not begun are dropped.
+
+    def heartbeat_event(self, *args: Any, **kwargs: Any) -> None:  # noqa: D102
+        if self._begun:
+            super().heartbeat_event(*args, **kwargs)
+
+    def completed_event(self, *args: Any, **kwargs: Any) -> None:  # noqa: D102
+        if self._begun:
+            super().completed_event(*args, **kwargs)
+
+    def interrupted_event(self, *args: Any, **kwargs: Any) -> None:  # noqa: D102
+        if self._begun:
+            super().interrupted_event(*args, **kwargs)
+
+    def failed_event(self, *args: Any, **kwargs: Any) -> None:  # noqa: D102
+        if self._begun:
+            super().failed_event(*args, **kwargs)
+
+    def resource_event(self, *args: Any, **kwargs: Any) -> None:  # noqa: D102
+        if self._begun:
+            super().resource_event(*args, **kwargs)
+
+    def artifact_event(self, *args: Any, **kwargs: Any) -> None:  # noqa: D102
+        if self._begun:
+            super().artifact_event(*args, **kwargs)
+
+    def log_metrics(self, *args: Any, **kwargs: Any) -> None:  # noqa: D102
+        if self._begun:
+            super().log_metrics(*args, **kwargs)
+
+
+def begin_record(run: sacred.run.Run) -> None:
+    """Begins ``run``'s deferred records (:class:`RecordAfterChecks`)."""
+    for observer in run.observers:
+        if isinstance(observer, RecordAfterChecks):
+            run_id = observer.begin()
+            if run._id is None and run_id is not None:
+                run._id = run_id
+                run.run_logger.info(f'Started run with ID "{run_id}"')
+
+
+# --- stop signals ------------------------------------------------------------
+
+#: Stop signals received since :func:`stop_on_signals` (the first one counts).
+_received_signals: List[int] = []
+
+
+def stop_on_signals(signums: Sequence[int] = (signal.SIGTERM,)) -> None:
+    """Makes ``signums`` end the process with status 128 + the signal's number.
+
+    The handler raises ``SystemExit`` (so ``finally`` blocks and the atomic write
+    under way complete, :mod:`imitation_accum.io.atomic`) and records the signal:
+    if a bare ``except`` swallowed that exit (sacred has some),
+    :func:`exit_if_stopped` raises it again at the next safe point, and
+    :func:`main_console` at the end of the command.
+    """
+
+    def stop(signum: int, frame: Any) -> None:
+        _received_signals.append(signum)
+        raise SystemExit(128 + signum)
+
+    for signum in signums:
+        signal.signal(signum, stop)
+
+
+def exit_if_stopped() -> None:
+    """Raises ``SystemExit(128 + signal)`` if a stop signal was received."""
+    if _received_signals:
+        raise SystemExit(128 + _received_signals[0])

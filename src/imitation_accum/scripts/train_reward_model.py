@@ -15,6 +15,12 @@ state is checkpointed atomically to ``{log_dir}/checkpoints/training_state.pt``
 (continue with ``resume_from=...``), the reward net saved as imitation saves it, to
 ``{log_dir}/checkpoints/final/reward_net.pt``. Under ``torchrun`` only rank 0 logs and
 writes files. As a script, it seeds torch's global generator with the run's seed.
+
+Every input (config, data, a checkpoint to resume) is checked before any file is
+written: a refused run leaves no run directory, logs or sacred record. A running
+run holds ``{log_dir}/run.lock``; a resumed run continues the logs of ``log_dir``.
+SIGTERM ends a run with exit status 143 (128 + 15), after the checkpoint write
+under way.
 """
 
 import contextlib
@@ -23,8 +29,6 @@ import logging
 import math
 import os
 import pathlib
-import signal
-import sys
 import tempfile
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -34,9 +38,11 @@ import torch as th
 from imitation.algorithms import preference_comparisons as pc
 from imitation.regularization import regularizers, updaters
 from imitation.rewards import reward_nets
-from imitation.scripts.ingredients import environment, reward
+from imitation.scripts.ingredients import environment, reward, wb
 from imitation.scripts.ingredients import logging as logging_ingredient
 from imitation.util import logger as imit_logger
+from imitation.util import util
+from stable_baselines3.common import logger as sb_logger
 from torch.utils import data as data_th
 
 from imitation_accum import _validation, checkpoint, distributed
@@ -58,6 +64,8 @@ train_reward_model_ex = experiment.PatchedExperiment(
         reward.reward_ingredient,
     ],
 )
+# Inputs are checked in the main function; its sacred record begins after them.
+train_reward_model_ex.records_after_checks = True
 train_reward_model_ex.own_sections.extend(
     ["reward_trainer_kwargs", "preference_model_kwargs", "regularizer"]
 )
@@ -121,6 +129,8 @@ def train_defaults():
     # torchrun: seconds to wait for the other ranks, then fail naming the missing
     collective_timeout_s = distributed.DEFAULT_COLLECTIVE_TIMEOUT_S
     resume_from = None  # a checkpoints/training_state.pt to continue from
+    # resume from a checkpoint that holds no dataset fingerprint (older files)
+    resume_unverified_dataset = False
     locals()  # quieten flake8
 
 
@@ -183,6 +193,11 @@ def _check_config(
     resume = config["resume_from"]
     if resume is not None and not pathlib.Path(resume).is_file():
         raise ValueError(f"resume_from={resume!r}: no such file")
+    unverified = config["resume_unverified_dataset"]
+    if not isinstance(unverified, bool):
+        raise ValueError(
+            f"resume_unverified_dataset={unverified!r} must be True or False"
+        )
     _check_regularizer(config["regularizer"])
     config_checks.check_reward_ingredient(config, "train_reward_model")
     if config["device"] != "auto":
@@ -387,12 +402,45 @@ def _check_single_net(net: reward_nets.RewardNet) -> None:
 
 
 def _check_resumable(
-    state: checkpoint.TrainingState, metadata: Mapping[str, Any], path: str
-) -> None:
-    # A checkpoint resumes only on the data and held-out split it was trained on.
+    state: checkpoint.TrainingState,
+    metadata: Mapping[str, Any],
+    path: str,
+    *,
+    unverified_ok: bool,
+    optimizer_cls: type,
+    regularizer_kind: Optional[str],
+) -> Optional[str]:
+    # A checkpoint resumes only on the data and held-out split it was trained on,
+    # with the optimizer and regularizer it was saved with. Returns a warning.
+    configured = f"{optimizer_cls.__module__}.{optimizer_cls.__qualname__}"
+    if state.optimizer_class != configured:
+        raise ValueError(
+            f"resume_from={path!r} holds the state of a {state.optimizer_class}, but "
+            f"reward_trainer_kwargs.optimizer_cls={optimizer_cls.__name__!r}: resume "
+            "with the optimizer the checkpoint was trained with"
+        )
+    saved_with = state.regularizer_lambda is not None
+    if saved_with != (regularizer_kind is not None):
+        raise ValueError(
+            f"resume_from={path!r} was saved {'with' if saved_with else 'without'} "
+            f"a regularizer, but regularizer.kind={regularizer_kind!r}: resume with "
+            "the regularizer the checkpoint was trained with"
+        )
     saved = state.metadata
     old, new = saved.get("dataset_fingerprint"), metadata["dataset_fingerprint"]
-    if old is not None and old != new:
+    if old is None:
+        message = (
+            f"resume_from={path!r} holds no dataset fingerprint (it was written "
+            "before fingerprints were saved), so nothing shows that "
+            f"dataset_path={metadata['dataset_path']!r} holds the data it was "
+            "trained on"
+        )
+        if not unverified_ok:
+            raise ValueError(
+                f"{message}: set resume_unverified_dataset=True if you are sure"
+            )
+        return f"{message}; resuming as resume_unverified_dataset=True asks"
+    if old != new:
         raise ValueError(
             f"resume_from={path!r} was trained on the data of "
             f"{saved.get('dataset_path', 'another file')!r} (fingerprint "
@@ -407,6 +455,7 @@ def _check_resumable(
                 f"this run has {metadata[key]!r}: resume with the same "
                 "dataset_path, held_out_fraction and held_out_seed"
             )
+    return None
 
 
 def _apply_configured_optimizer(
@@ -429,16 +478,34 @@ def _apply_configured_optimizer(
 
 
 @contextlib.contextmanager
-def _run_logger(
-    context: distributed.DistributedContext,
+def _run_directory(
+    context: distributed.DistributedContext, run: Any, resumed: bool
 ) -> Iterator[Tuple[imit_logger.HierarchicalLogger, Optional[pathlib.Path]]]:
-    # The run's imitation logger on rank 0; one that keeps nothing on the others.
-    if context.is_main:
-        custom_logger, log_dir = logging_ingredient.setup_logging()
-        yield custom_logger, log_dir
+    # Rank 0, once every input is accepted: the run directory locked, the sacred
+    # record begun, config.json written, the logger (continuing a resumed run's
+    # logs). The other ranks get a logger that keeps nothing.
+    if not context.is_main:
+        with tempfile.TemporaryDirectory(prefix="train_reward_model-") as scratch:
+            yield imit_logger.configure(folder=scratch, format_strs=[]), None
         return
-    with tempfile.TemporaryDirectory(prefix="train_reward_model-") as scratch:
-        yield imit_logger.configure(folder=scratch, format_strs=[]), None
+    config = run.config["logging"]
+    with experiment.lock_run_directory(util.parse_path(config["log_dir"])):
+        experiment.begin_record(run)
+        log_dir = logging_ingredient.make_log_dir()  # links the sacred record
+        experiment.write_config(run.config, log_dir)
+        formats = config["log_format_strs"]
+        if "wandb" in formats:  # as imitation's setup_logging does
+            wb.wandb_init(log_dir=str(log_dir))
+        custom_logger = experiment.configure_logger(log_dir / "log", formats, resumed)
+        try:
+            yield custom_logger, log_dir
+        finally:
+            custom_logger.close()
+
+
+def _quiet_logger() -> imit_logger.HierarchicalLogger:
+    # A logger that opens no file: the trainer's until the run directory opens.
+    return imit_logger.HierarchicalLogger(sb_logger.Logger(None, []), [])
 
 
 def _agreed_seed(context: distributed.DistributedContext, seed: int) -> int:
@@ -464,9 +531,11 @@ def train_reward_model(
     device: str,
     checkpoint_interval: int,
     resume_from: Optional[str],
+    resume_unverified_dataset: bool,
     collective_timeout_s: float,
     environment: Mapping[str, Any],
     _seed: int,
+    _run: Any,
 ) -> Mapping[str, Any]:
     """Trains a reward net on the preferences in ``dataset_path`` (see the config).
 
@@ -477,6 +546,7 @@ def train_reward_model(
         context = stack.enter_context(
             distributed.distributed_session(device, timeout_s=collective_timeout_s)
         )
+        experiment.exit_if_stopped()  # a stop signal sacred's code swallowed
         kwargs = dict(reward_trainer_kwargs)
         epochs = int(kwargs.pop("epochs", 1))
         kwargs["optimizer_cls"] = _optimizer_class(kwargs.get("optimizer_cls", "AdamW"))
@@ -522,20 +592,28 @@ def train_reward_model(
 
         net = reward.make_reward_net(env)
         _check_single_net(net)
-        state = None
+        state, warning = None, None
         if resume_from is not None:
             state = checkpoint.load_training_state(resume_from)
             checkpoint.check_fits(state, net, resume_from)
-            _check_resumable(state, metadata, resume_from)
+            warning = _check_resumable(
+                state,
+                metadata,
+                resume_from,
+                unverified_ok=resume_unverified_dataset,
+                optimizer_cls=kwargs["optimizer_cls"],
+                regularizer_kind=regularizer["kind"],
+            )
         net = net.to(context.device)
 
-        custom_logger, log_dir = stack.enter_context(_run_logger(context))
+        # Built before the run directory opens, so that its own checks (memory
+        # budget, optimizer arguments) leave no file behind.
         trainer = distributed.DistributedRewardTrainer(
             pc.PreferenceModel(net, **preference_model_kwargs),
             pc.CrossEntropyRewardLoss(),
             np.random.default_rng(seed),
             epochs=1,  # one epoch per train() call, to checkpoint between epochs
-            custom_logger=custom_logger,
+            custom_logger=_quiet_logger(),
             regularizer_factory=_regularizer_factory(regularizer),
             **kwargs,
         )
@@ -543,7 +621,16 @@ def train_reward_model(
         if state is not None:
             checkpoint.restore_state(trainer, state, str(resume_from))
             first_epoch = state.epoch
+        experiment.exit_if_stopped()
+
+        custom_logger, log_dir = stack.enter_context(
+            _run_directory(context, _run, resumed=state is not None)
+        )
+        trainer.logger = custom_logger
+        if state is not None:
             custom_logger.log(f"Resuming from {resume_from} after epoch {first_epoch}")
+            if warning is not None:
+                custom_logger.warn(warning)
             _apply_configured_optimizer(trainer, reward_trainer_kwargs, custom_logger)
 
         state_path = None
@@ -562,6 +649,7 @@ def train_reward_model(
         held_out_set = _subset(dataset, held_out_idx)
         history: List[Dict[str, float]] = []
         for epoch in range(first_epoch + 1, epochs + 1):
+            experiment.exit_if_stopped()
             trainer.train(train_set)
             figures: Dict[str, float] = {"epoch": epoch}
             if len(held_out_idx):
@@ -597,7 +685,7 @@ def main_console() -> None:
         train_reward_model_ex.logger = quiet  # type: ignore[assignment]
     # torchrun stops the other ranks with SIGTERM when one fails; exiting through
     # SystemExit runs the cleanup of an atomic write that is under way.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    experiment.stop_on_signals()
     experiment.main_console(train_reward_model_ex, observe=rank == 0)
 
 

@@ -1,0 +1,331 @@
+"""Runs lose no data: resumes continue logs, refusals write nothing, one run a dir.
+
+Stop signals always stop; the sacred record begins after the checks.
+"""
+
+import csv
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import types
+
+import numpy as np
+import pytest
+from imitation.algorithms import preference_comparisons as pc
+from sacred.config import custom_containers
+
+from imitation_accum import checkpoint
+from imitation_accum.scripts import experiment
+from imitation_accum.scripts.train_preference_comparisons import (
+    train_preference_comparisons_ex as preference_ex,
+)
+from tests.scripts import test_train_reward_model as offline
+
+ex, run = offline.ex, offline.run
+preferences_path = offline.preferences_path  # the fixture, for this module
+
+CSV_AND_LOG = {"logging.log_format_strs": ["csv", "log"]}
+
+
+def progress_rows(log_dir: pathlib.Path, sub: str = "") -> list:
+    with open(log_dir / "log" / sub / "progress.csv") as file:
+        return list(csv.DictReader(file))
+
+
+def files_under(directory: pathlib.Path) -> dict:
+    return {
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+# --- item: a resume continues the run's logs --------------------------------
+
+
+def test_resume_into_the_same_log_dir_appends_to_the_logs(tmp_path, preferences_path):
+    first = run(
+        tmp_path, preferences_path, **{"reward_trainer_kwargs.epochs": 2}, **CSV_AND_LOG
+    )
+    log_dir = tmp_path / "run"
+    header = (log_dir / "log" / "progress.csv").read_text().splitlines()[0]
+    log_text = (log_dir / "log" / "log.txt").read_text()
+    raw_rows = len(progress_rows(log_dir, "raw/reward"))
+    run(
+        tmp_path,
+        preferences_path,
+        resume_from=first["training_state"],
+        **{"reward_trainer_kwargs.epochs": 4},
+        **CSV_AND_LOG,
+    )
+    lines = (log_dir / "log" / "progress.csv").read_text().splitlines()
+    assert lines[0] == header and lines.count(header) == 1  # one header, same columns
+    assert [float(r["epoch"]) for r in progress_rows(log_dir)] == [1, 2, 3, 4]
+    assert (log_dir / "log" / "log.txt").read_text().startswith(log_text)
+    assert len(progress_rows(log_dir, "raw/reward")) == 2 * raw_rows
+
+
+def test_a_row_cut_short_is_dropped_when_appending(tmp_path):
+    path = tmp_path / "progress.csv"
+    path.write_text("a,b\n1,2\n3,")
+    writer = experiment.AppendingCSVOutputFormat(str(path))
+    writer.write({"a": 5, "b": 6}, {"a": None, "b": None})
+    writer.write({"a": 7, "c": 8}, {"a": None, "c": None})  # a new key: a new column
+    writer.close()
+    assert path.read_text() == "a,b,c\n1,2,\n5,6,\n7,,8\n"
+    path.write_text("a,")  # the header cut short
+    writer = experiment.AppendingCSVOutputFormat(str(path))
+    writer.write({"a": 1}, {"a": None})
+    writer.close()
+    assert path.read_text() == "a\n1\n"
+
+
+# --- item: a refused resume writes nothing ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, preferences_path):
+    """One epoch with an AdamW and no regularizer, logged to CSV."""
+    tmp_path = tmp_path_factory.mktemp("finished")
+    result = run(
+        tmp_path, preferences_path, **{"reward_trainer_kwargs.epochs": 1}, **CSV_AND_LOG
+    )
+    return tmp_path / "run", pathlib.Path(result["training_state"])
+
+
+@pytest.mark.parametrize(
+    ("update", "named"),
+    [
+        ({"reward_trainer_kwargs.memory_budget": 100}, "memory_budget=100 B"),
+        ({"reward_trainer_kwargs.optimizer_kwargs": {"weight_decay": -1}}, "weight"),
+        ({"reward_trainer_kwargs.optimizer_cls": "SGD"}, "optimizer_cls='SGD'"),
+        ({"regularizer.kind": "lp"}, "regularizer.kind='lp'"),
+        ({"held_out_seed": 1}, "held_out_split"),
+    ],
+)
+def test_a_refused_resume_leaves_the_run_directory_as_it_was(
+    tmp_path, preferences_path, finished_run, update, named
+):
+    log_dir, state = finished_run
+    before = files_under(log_dir)
+    assert len(progress_rows(log_dir)) == 1
+    with pytest.raises(ValueError, match=named):
+        run(
+            log_dir.parent,
+            preferences_path,
+            resume_from=str(state),
+            **{"reward_trainer_kwargs.epochs": 3},
+            **CSV_AND_LOG,
+            **update,
+        )
+    assert files_under(log_dir) == before
+
+
+def test_a_checkpoint_without_fingerprint_is_refused_unless_asked(
+    tmp_path, preferences_path, finished_run
+):
+    _, state_path = finished_run
+    state = checkpoint.load_training_state(state_path)
+    del state.metadata["dataset_fingerprint"]  # as written before fingerprints
+    old = checkpoint.save_training_state(state, tmp_path / "old.pt")
+    other = pc.PreferenceDataset.load(preferences_path)
+    other.preferences = 1.0 - other.preferences  # same size and split, other data
+    other_path = tmp_path / "other.pkl"
+    other.save(other_path)
+    with pytest.raises(ValueError, match=r"old\.pt' holds no dataset fingerprint"):
+        run(tmp_path, other_path, resume_from=str(old))
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="resume_unverified_dataset='yes' must be"):
+        run(tmp_path, other_path, resume_from=str(old), resume_unverified_dataset="yes")
+    result = run(
+        tmp_path, other_path, resume_from=str(old), resume_unverified_dataset=True
+    )
+    assert [h["epoch"] for h in result["held_out"]] == [2]
+
+
+# --- item: one run per run directory ----------------------------------------
+
+_HOLD_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, f"{os.getpid()}\\n".encode())
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def other_process_holding(tmp_path):
+    """A process holding ``tmp_path/run``'s lock, as a running experiment does."""
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_HOLD_LOCK), str(log_dir / "run.lock")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline() == "locked\n"
+    yield log_dir, holder
+    holder.kill()
+    holder.wait()
+
+
+def test_a_second_run_on_a_live_log_dir_is_refused(
+    tmp_path, preferences_path, other_process_holding
+):
+    log_dir, holder = other_process_holding
+    with pytest.raises(
+        experiment.RunDirectoryInUseError,
+        match=rf"logging\.log_dir='{log_dir}' is in use by another run \(pid "
+        rf"{holder.pid},",
+    ):
+        run(tmp_path, preferences_path, **CSV_AND_LOG)
+    assert sorted(p.name for p in log_dir.iterdir()) == ["run.lock"]
+    # A crashed holder leaves its pid in the file, but the kernel freed the lock.
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    run(tmp_path, preferences_path, **CSV_AND_LOG)
+    assert (log_dir / "run.lock").read_text() == ""  # released on exit
+    with experiment.lock_run_directory(log_dir):  # nothing holds it now
+        pass
+
+
+def test_the_other_experiments_take_the_lock_too(tmp_path, other_process_holding):
+    log_dir, holder = other_process_holding
+    with pytest.raises(experiment.RunDirectoryInUseError, match=f"pid {holder.pid}"):
+        preference_ex.run(
+            named_configs=["fast"],
+            config_updates={"logging": {"log_dir": str(log_dir)}},
+        )
+    assert sorted(p.name for p in log_dir.iterdir()) == ["run.lock"]
+
+
+# --- item: a stop signal always stops ---------------------------------------
+
+
+@pytest.fixture
+def stop_on_sigterm():
+    previous = signal.getsignal(signal.SIGTERM)
+    experiment.stop_on_signals()
+    yield
+    signal.signal(signal.SIGTERM, previous)
+    experiment._received_signals.clear()
+
+
+def test_a_swallowed_sigterm_stops_the_run_before_training(
+    tmp_path, preferences_path, monkeypatch, stop_on_sigterm
+):
+    """SIGTERM arriving inside sacred's bare ``except`` (``is_different``)."""
+    sent = []
+
+    class SignallingNumpy:
+        # numpy as sacred's is_different sees it: the first asarray is signalled.
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        def asarray(self, *args, **kwargs):
+            if not sent:
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGTERM)  # handled here, in the try
+            return np.asarray(*args, **kwargs)
+
+    optional = types.SimpleNamespace(has_numpy=True, np=SignallingNumpy())
+    monkeypatch.setattr(custom_containers, "opt", optional)
+    with pytest.raises(SystemExit) as raised:
+        run(tmp_path, preferences_path)
+    assert sent and raised.value.code == 128 + signal.SIGTERM
+    # Swallowed where it was raised, it ended the run at the first safe point.
+    assert raised.traceback[-1].name == "exit_if_stopped"
+    assert not (tmp_path / "run").exists()
+
+
+_TRAIN = [sys.executable, "-m", "imitation_accum.scripts.train_reward_model", "with"]
+
+
+def _sigterm_when(tmp_path, preferences_path, name: str, ready) -> tuple:
+    # Starts a run, sends SIGTERM once ``ready(line, log_dir)``; (rc, log_dir).
+    log_dir = tmp_path / name
+    child = subprocess.Popen(
+        [
+            *_TRAIN,
+            "fast",
+            f"dataset_path={preferences_path}",
+            "trust_pickle=True",
+            f"logging.log_dir={log_dir}",
+            "reward_trainer_kwargs.epochs=1000",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        for line in child.stderr:
+            if ready(line, log_dir):
+                child.send_signal(signal.SIGTERM)
+                break
+        child.stderr.read()
+        return child.wait(timeout=300), log_dir
+    finally:
+        child.kill()
+
+
+@pytest.mark.expensive
+def test_sigterm_ends_the_script_with_143_and_a_loadable_checkpoint(
+    tmp_path, preferences_path
+):
+    # Before the first epoch: once sacred starts the command.
+    rc, log_dir = _sigterm_when(
+        tmp_path, preferences_path, "early", lambda line, _: "Running command" in line
+    )
+    assert rc == 128 + signal.SIGTERM
+    assert not (log_dir / "checkpoints").exists()
+    # During training: after the first checkpoints (the progress bar is off, so
+    # the epochs' lines come from the logger).
+    state_path = pathlib.Path("checkpoints") / "training_state.pt"
+    rc, log_dir = _sigterm_when(
+        tmp_path,
+        preferences_path,
+        "late",
+        lambda line, log_dir: (log_dir / state_path).exists(),
+    )
+    assert rc == 128 + signal.SIGTERM
+    assert checkpoint.load_training_state(log_dir / state_path).epoch >= 1
+    assert checkpoint.remove_stale_temporaries(log_dir / state_path) == []
+
+
+# --- item: the sacred record starts after the checks; config.json ------------
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    observer = experiment.RecordAfterChecks(str(tmp_path / "sacred"))
+    ex.observers.append(observer)
+    yield tmp_path / "sacred"
+    ex.observers.remove(observer)
+
+
+def test_refused_data_leaves_no_sacred_record(tmp_path, preferences_path, recorded):
+    with pytest.raises(ValueError, match="trust_pickle=True"):
+        run(tmp_path, preferences_path, trust_pickle=False)
+    with pytest.raises(ValueError, match="fewer than one batch"):
+        run(tmp_path, preferences_path, **{"reward_trainer_kwargs.batch_size": 31})
+    with pytest.raises(ValueError, match="memory_budget=100 B"):
+        run(tmp_path, preferences_path, **{"reward_trainer_kwargs.memory_budget": 100})
+    assert not recorded.exists() and not (tmp_path / "run").exists()
+    run(tmp_path, preferences_path)
+    (record,) = [p for p in recorded.iterdir() if p.name != "_sources"]
+    assert json.loads((record / "run.json").read_text())["status"] == "COMPLETED"
+    log_dir = tmp_path / "run"
+    assert (log_dir / "sacred").resolve() == record.resolve()
+    config = json.loads((log_dir / "config.json").read_text())
+    assert config["dataset_path"] == str(preferences_path)
+    assert config["reward_trainer_kwargs"]["batch_size"] == 4
+    assert not list(log_dir.glob(".*partial"))
