@@ -374,7 +374,9 @@ def test_a_nan_reward_fails_a_two_pass_step_as_it_fails_one_pass(rng, only_with_
         before = []
         original = trainer.engine.step
 
-        def record_then_step(*args, trainer=trainer, original=original, **kw):
+        def record_then_step(
+            *args, trainer=trainer, original=original, before=before, **kw
+        ):
             before.append(
                 (
                     copy.deepcopy(trainer._task.net.state_dict()),
