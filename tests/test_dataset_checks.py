@@ -9,6 +9,7 @@ import pytest
 import torch as th
 from imitation.algorithms import preference_comparisons as pc
 from imitation.data import types
+from imitation.rewards.reward_nets import BasicRewardNet
 from torch.utils import data as data_th
 
 from imitation_accum import PreferenceDataset
@@ -278,3 +279,28 @@ def test_float_observations_are_checked_a_block_at_a_time(rng, monkeypatch):
             3: ["fragment 1 has a non-finite observation (step 5)"],
             30: ["fragment 2 has a non-finite observation (step 3)"],
         }
+
+
+def test_train_checks_box_actions_finite_not_within_bounds(rng):
+    obs, box = (
+        gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+        gym.spaces.Box(-1, 1, (2,)),
+    )
+    data = pc.PreferenceDataset()
+    good = np.full((3, 2), 1.5, dtype=np.float32)  # beyond the bounds, finite
+    data.push(
+        [(fragment(acts=good.copy()), fragment(acts=good.copy())) for _ in range(4)],
+        np.full(4, 0.5, dtype=np.float32),
+    )
+    net = BasicRewardNet(obs, box, hid_sizes=(8,))
+    trainer = make_trainer(net, batch_size=4, forward_size=3)
+    trainer.train(data)
+    assert trainer.engine.n_steps == 1
+    data.fragments1[2].acts[1, 0] = np.nan
+    with pytest.raises(
+        ValueError,
+        match=r"1 of 4 pairs (?s:.*)\n  pair 2: fragment 1 has an action outside "
+        r".* \(step 1: \[nan",
+    ):
+        trainer.train(data)
+    assert trainer.engine.n_steps == 1

@@ -11,6 +11,7 @@ import re
 import time
 from typing import Any, Dict, Hashable, List, Mapping, Optional, Tuple, Type, Union
 
+import gymnasium as gym
 import numpy as np
 import torch as th
 from imitation.algorithms import preference_comparisons as pc
@@ -306,7 +307,17 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
     def _check_dataset(self, dataset: data_th.Dataset) -> None:
         """Checks every pair of ``dataset`` against the reward net's spaces."""
         net = self._preference_model.model
-        dataset_checks.check_dataset(dataset, net.observation_space, net.action_space)
+        actions = net.action_space
+        if isinstance(actions, gym.spaces.Box):
+            # Finite actions; a Box's bounds are not the reward's concern (nor
+            # are the observation space's).
+            actions = gym.spaces.Box(-np.inf, np.inf, actions.shape, actions.dtype)
+        dataset_checks.check_dataset(
+            dataset,
+            net.observation_space,
+            actions,
+            environment="the reward net's spaces",
+        )
 
     def _make_engine(self) -> GradientAccumulator:
         """The accumulation engine for this trainer's reward net (a hook)."""
