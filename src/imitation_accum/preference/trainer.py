@@ -96,8 +96,8 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         ValueError: if an argument is out of range (named in the message), both
             ``minibatch_size`` and ``memory_budget`` are given, the budget does
             not parse or cannot hold the parameters, gradients and optimizer
-            state, or the device cannot run ``autocast_dtype``.
-            ``optimizer_kwargs`` names the argument ``optimizer_cls`` refuses.
+            state, the device cannot run ``autocast_dtype``, or ``optimizer_cls``
+            refuses a key of ``optimizer_kwargs`` (named).
         TypeError: if ``loss`` is not a ``CrossEntropyRewardLoss``, the
             preference model is an ensemble or overrides how it computes
             probabilities, or ``optimizer_cls``, ``custom_logger`` or
