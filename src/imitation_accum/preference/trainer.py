@@ -311,7 +311,8 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         if isinstance(actions, gym.spaces.Box):
             # Finite actions; a Box's bounds are not the reward's concern (nor
             # are the observation space's).
-            actions = gym.spaces.Box(-np.inf, np.inf, actions.shape, actions.dtype)
+            dtype: Any = actions.dtype  # a Box's own, which gym's stubs do not type
+            actions = gym.spaces.Box(-np.inf, np.inf, actions.shape, dtype)
         dataset_checks.check_dataset(
             dataset,
             net.observation_space,
