@@ -177,6 +177,7 @@ def test_every_script_is_tested_and_uses_docs_results():
         "gpu_check.sh",
         "imitation_tests.py",
         "parity.py",
+        "two_pass_drift.py",  # tests/test_two_pass_drift.py
     }
     assert HELPERS == ["_quiet_logger.py", "_results.py"]
     assert set(SCRIPTS) - set(HELPERS) == tested

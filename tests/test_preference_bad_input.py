@@ -38,6 +38,63 @@ def test_bad_arguments_name_themselves(kwargs, name):
         make_trainer(make_net(), **kwargs)
 
 
+class NotARegularizer:
+    def __init__(self, optimizer, logger):
+        self.optimizer = optimizer
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"custom_logger": "x"}, TypeError, r"^custom_logger must be None or an"),
+        ({"regularizer_factory": "x"}, TypeError, r"^regularizer_factory must be"),
+        (
+            {"regularizer_factory": NotARegularizer},
+            TypeError,
+            r"^regularizer_factory must build an imitation Regularizer",
+        ),
+        (
+            {"optimizer_cls": "AdamW"},
+            TypeError,
+            r"^optimizer_cls .*torch\.optim\.AdamW",
+        ),
+        ({"optimizer_cls": 5}, TypeError, r"^optimizer_cls must be a torch\.optim"),
+        ({"optimizer_cls": th.nn.Linear}, TypeError, r"^optimizer_cls must be"),
+        (
+            {"optimizer_kwargs": {"betas": 5}},
+            ValueError,
+            r"^optimizer_kwargs\.betas=5 refused by AdamW: TypeError",
+        ),
+        (
+            {"optimizer_kwargs": {"eps": 1e-8, "weight_decay": -1}},
+            ValueError,
+            r"^optimizer_kwargs\.weight_decay=-1 refused by AdamW: .*weight_decay",
+        ),
+        (
+            {"optimizer_cls": th.optim.SGD, "optimizer_kwargs": {"momentum": -0.5}},
+            ValueError,
+            r"^optimizer_kwargs\.momentum=-0\.5 refused by SGD",
+        ),
+    ],
+)
+def test_constructor_names_a_bad_logger_regularizer_or_optimizer(
+    kwargs, error, message
+):
+    with pytest.raises(error, match=message):
+        make_trainer(make_net(), **kwargs)
+
+
+def test_optimizer_is_built_once_with_its_arguments():
+    net = make_net()
+    trainer = make_trainer(
+        net, lr=0.25, optimizer_cls=th.optim.SGD, optimizer_kwargs={"momentum": 0.5}
+    )
+    assert isinstance(trainer.optim, th.optim.SGD)
+    group = trainer.optim.param_groups[0]
+    assert (group["lr"], group["momentum"]) == (0.25, 0.5)
+    assert {id(p) for p in group["params"]} == {id(p) for p in net.parameters()}
+
+
 def test_wrong_loss_is_refused():
     class OtherLoss(pc.CrossEntropyRewardLoss):
         def forward(self, fragment_pairs, preferences, preference_model):
@@ -53,7 +110,7 @@ def test_wrong_loss_is_refused():
 
 def test_empty_dataset(rng):
     trainer = make_trainer(make_net())
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError, match=r"^dataset holds no preference pairs$"):
         trainer.train(pc.PreferenceDataset())
 
 
@@ -68,7 +125,7 @@ def test_preferences_outside_unit_interval(rng):
     dataset.preferences[2] = 1.5
     net = make_net()
     before = copy.deepcopy(net.state_dict())
-    with pytest.raises(ValueError, match="preferences must lie in"):
+    with pytest.raises(ValueError, match=r"\n  pair 2: has preference 1\.5 "):
         make_trainer(net).train(dataset)
     assert all(th.equal(before[k], v) for k, v in net.state_dict().items())
 

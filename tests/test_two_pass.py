@@ -18,6 +18,7 @@ from imitation.util import networks
 
 from imitation_accum.preference import pair_table
 from tests import reference as ref
+from tests.test_memory import budget_for
 from tests.test_preference_exactness import TOL, make_net, make_trainer
 
 
@@ -342,3 +343,62 @@ def test_range_sums_tile_into_segment_sums(rng):
         th.testing.assert_close(sum(parts), whole)
     first, pieces = layout.pieces(2, 9)
     assert first == 0 and pieces.tolist() == [1, 1, 5]
+
+
+def nan_reward_when_marked(net, marker, *, only_with_grad):
+    """The net's reward is NaN for inputs equal to ``marker`` (in some forwards)."""
+
+    def hook(module, inputs, output):
+        if only_with_grad and not th.is_grad_enabled():
+            return output  # pass 1 (no gradient) sees finite rewards
+        bad = (inputs[0] == marker).all(dim=1)
+        return th.where(bad, th.full_like(output, float("nan")), output)
+
+    net.register_forward_hook(hook)
+
+
+@pytest.mark.parametrize("only_with_grad", [False, True])
+def test_a_nan_reward_fails_a_two_pass_step_as_it_fails_one_pass(rng, only_with_grad):
+    """The step meeting the NaN is discarded: state as after the last step."""
+    dataset = ref.make_dataset(rng, 12, (5, 3))
+    dataset.fragments2[7].obs[2] = 7.25
+    net = make_net()
+    runs = {}
+    for name, kwargs in (
+        ("one pass", {}),
+        ("two passes", {"memory_budget": budget_for(net, dataset, 4)}),
+    ):
+        trained = copy.deepcopy(net)
+        nan_reward_when_marked(trained, 7.25, only_with_grad=only_with_grad)
+        trainer = make_trainer(trained, batch_size=2, forward_size=4, **kwargs)
+        before = []
+        original = trainer.engine.step
+
+        def record_then_step(
+            *args, trainer=trainer, original=original, before=before, **kw
+        ):
+            before.append(
+                (
+                    copy.deepcopy(trainer._task.net.state_dict()),
+                    copy.deepcopy(trainer.optim.state_dict()),
+                )
+            )
+            return original(*args, **kw)
+
+        trainer.engine.step = record_then_step
+        with pytest.raises(FloatingPointError, match="non-finite loss"):
+            trainer.train(dataset)
+        params, optim = before[-1]
+        for key, value in trained.state_dict().items():
+            assert th.equal(value, params[key]), (name, key)
+        state, after = optim["state"], trainer.optim.state_dict()["state"]
+        assert state.keys() == after.keys()
+        for k in state:
+            for entry in state[k]:
+                assert th.equal(state[k][entry], after[k][entry]), (name, k, entry)
+        assert all(p.grad is None for p in trained.parameters())
+        runs[name] = (trainer.engine.n_steps, trainer.last_plan.two_pass, trained)
+    (steps1, two1, net1), (steps2, two2, net2) = runs["one pass"], runs["two passes"]
+    assert (two1, two2) == (False, True)
+    assert steps1 == steps2 > 0  # the same step fails, after steps were taken
+    assert ref.relative_error(list(net2.parameters()), list(net1.parameters())) < 1e-5

@@ -1,14 +1,17 @@
 """AIRL/GAIL's argument checks (constructors and sacred config alike), and layouts."""
 
 import dataclasses
+import inspect
 from typing import Any, Mapping, Optional
 
 import gymnasium as gym
 import torch as th
+from imitation.algorithms.adversarial import common
 from stable_baselines3.common import preprocessing
 
 from imitation_accum import _validation
 from imitation_accum.engine import acceleration as acceleration_options
+from imitation_accum.engine import arguments as engine_arguments
 from imitation_accum.planning import budget
 
 
@@ -22,6 +25,9 @@ class DiscriminatorArguments:
     max_grad_norm: Optional[float]
     memory_budget: Optional[budget.Budget]
     acceleration: acceleration_options.Acceleration
+
+
+_IMITATION_DEFAULTS = inspect.signature(common.AdversarialTrainer).parameters
 
 
 def check_arguments(
@@ -39,8 +45,11 @@ def check_arguments(
         The arguments the discriminator update reads, checked.
 
     Raises:
-        ValueError: naming the first invalid argument, or the minibatch size and
-            the memory budget given together.
+        ValueError: naming the first invalid argument (for ``disc_opt_kwargs``,
+            the key the optimizer refuses), or the minibatch size and the memory
+            budget given together.
+        TypeError: if ``disc_opt_cls`` is not an optimizer class or
+            ``custom_logger`` not imitation's logger.
     """
     batch_size = _validation.positive_int(
         f"{prefix}demo_batch_size", kwargs.get("demo_batch_size")
@@ -75,6 +84,13 @@ def check_arguments(
     opt_kwargs = kwargs.get("disc_opt_kwargs")
     if opt_kwargs is not None and not isinstance(opt_kwargs, Mapping):
         raise ValueError(f"{prefix}disc_opt_kwargs must be None or a dict")
+    engine_arguments.check_optimizer(
+        kwargs.get("disc_opt_cls", _IMITATION_DEFAULTS["disc_opt_cls"].default),
+        opt_kwargs,
+        cls_name=f"{prefix}disc_opt_cls",
+        kwargs_name=f"{prefix}disc_opt_kwargs",
+    )
+    engine_arguments.check_logger(f"{prefix}custom_logger", kwargs.get("custom_logger"))
     return DiscriminatorArguments(
         demo_batch_size=batch_size,
         demo_minibatch_size=minibatch_size,

@@ -404,14 +404,21 @@ class GradientAccumulator(Generic[ChunkT]):
             out = task.loss_of_sums(chunks, leaf)
             (sums_grad,) = th.autograd.grad(out.loss_sum / n_items, leaf)
         rewind_rng()
+        sums_again: Any = 0
         for index, chunk in enumerate(chunks):
             with self._chunk_context(index, len(chunks)):
                 with self.forward_context(grad=True):
                     outputs = task.forward(chunk, forward_size)
                 part = task.partial_sums(chunk, outputs.float())
                 self._backward(th.dot(part, sums_grad))
+            sums_again = sums_again + part.detach()
+        # The gradient comes from pass 2's forwards: a non-finite loss of their
+        # sums (pass 1's finite) must fail the step as one pass's does. Adding 0
+        # times it keeps pass 1's loss, or makes it NaN for the step's check.
+        pass_two_loss = task.loss_of_sums(chunks, sums_again).loss_sum.detach()
+        loss_sum = out.loss_sum.detach() + 0 * pass_two_loss
         metrics = {name: value.detach() for name, value in out.metric_sums.items()}
-        return [ChunkLoss(out.loss_sum.detach(), out.item_losses.detach(), metrics)]
+        return [ChunkLoss(loss_sum, out.item_losses.detach(), metrics)]
 
     def _gather_norm_statistics(
         self,

@@ -277,8 +277,6 @@ class StoredPreferenceTable(PreferenceTable):
 
 
 def _read_store(dataset: PreferenceDataset, selection: np.ndarray) -> PreferenceTable:
-    if not len(selection):
-        raise ValueError("dataset is empty: gather some preferences before training")
     index = dataset.fragment_index(selection)
     return StoredPreferenceTable(
         (),
@@ -291,7 +289,7 @@ def _read_store(dataset: PreferenceDataset, selection: np.ndarray) -> Preference
 
 
 def read_preferences(dataset: data_th.Dataset) -> PreferenceTable:
-    """Reads and checks ``dataset``.
+    """Reads ``dataset``, checked by :mod:`~imitation_accum.preference.dataset_checks`.
 
     Args:
         dataset: A ``PreferenceDataset``, or any dataset whose items are
@@ -299,10 +297,6 @@ def read_preferences(dataset: data_th.Dataset) -> PreferenceTable:
 
     Returns:
         The dataset's table.
-
-    Raises:
-        ValueError: if the dataset is empty, a preference lies outside ``[0, 1]``,
-            observations are dictionaries or a fragment has no transitions.
     """
     if isinstance(dataset, PreferenceDataset):
         return _read_store(dataset, np.arange(len(dataset)))
@@ -310,27 +304,13 @@ def read_preferences(dataset: data_th.Dataset) -> PreferenceTable:
         dataset.dataset, PreferenceDataset
     ):
         return _read_store(dataset.dataset, np.asarray(dataset.indices, np.int64))
-    n = len(dataset)  # type: ignore[arg-type]
-    if n == 0:
-        raise ValueError("dataset is empty: gather some preferences before training")
     if isinstance(dataset, ImitationPreferenceDataset):
         pairs: List[Pair] = list(zip(dataset.fragments1, dataset.fragments2))
         prefs = np.asarray(dataset.preferences, dtype=np.float32)
     else:
-        items = [dataset[i] for i in range(n)]
+        items = [dataset[i] for i in range(len(dataset))]  # type: ignore[arg-type]
         pairs = [(item[0][0], item[0][1]) for item in items]
         prefs = np.asarray([item[1] for item in items], dtype=np.float32)
-    bad = np.flatnonzero(~((prefs >= 0) & (prefs <= 1)))
-    if len(bad):
-        raise ValueError(
-            f"preferences must lie in [0, 1]; dataset item {bad[0]} has "
-            f"{prefs[bad[0]]}",
-        )
-    if isinstance(pairs[0][0].obs, types.DictObs):
-        raise ValueError("dictionary observations are not supported")
     lengths = np.array([[len(a.acts), len(b.acts)] for a, b in pairs], dtype=np.int64)
-    if (lengths < 1).any():
-        item = int(np.flatnonzero((lengths < 1).any(1))[0])
-        raise ValueError(f"dataset item {item} has a fragment with no transitions")
     terminal = np.array([[a.terminal, b.terminal] for a, b in pairs], dtype=bool)
     return PreferenceTable(pairs, prefs, lengths, terminal)

@@ -11,6 +11,7 @@ import re
 import time
 from typing import Any, Dict, Hashable, List, Mapping, Optional, Tuple, Type, Union
 
+import gymnasium as gym
 import numpy as np
 import torch as th
 from imitation.algorithms import preference_comparisons as pc
@@ -21,6 +22,7 @@ from tqdm.auto import tqdm
 
 from imitation_accum import _validation
 from imitation_accum.engine import acceleration as acceleration_options
+from imitation_accum.engine import arguments as engine_arguments
 from imitation_accum.engine import staging
 from imitation_accum.engine.accumulator import (
     EvaluationResult,
@@ -29,7 +31,12 @@ from imitation_accum.engine.accumulator import (
 )
 from imitation_accum.planning import budget, probe
 from imitation_accum.planning.plan import StepPlan, StepPolicy, run_step
-from imitation_accum.preference import arguments, pair_table, pair_task
+from imitation_accum.preference import (
+    arguments,
+    dataset_checks,
+    pair_table,
+    pair_task,
+)
 
 
 class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
@@ -89,10 +96,12 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         ValueError: if an argument is out of range (named in the message), both
             ``minibatch_size`` and ``memory_budget`` are given, the budget does
             not parse or cannot hold the parameters, gradients and optimizer
-            state, or the device cannot run ``autocast_dtype``.
-        TypeError: if ``loss`` is not a ``CrossEntropyRewardLoss`` or the
+            state, the device cannot run ``autocast_dtype``, or ``optimizer_cls``
+            refuses a key of ``optimizer_kwargs`` (named).
+        TypeError: if ``loss`` is not a ``CrossEntropyRewardLoss``, the
             preference model is an ensemble or overrides how it computes
-            probabilities.
+            probabilities, or ``optimizer_cls``, ``custom_logger`` or
+            ``regularizer_factory`` is of another kind.
 
     Example:
         >>> from imitation_accum import CrossEntropyRewardTrainer  # doctest: +SKIP
@@ -134,6 +143,11 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
     ) -> None:
         arguments.check_preference_model(preference_model, ensemble=self._for_ensembles)
         arguments.check_loss_and_rng(loss, rng)
+        engine_arguments.optimizer_class("optimizer_cls", optimizer_cls)
+        engine_arguments.check_logger("custom_logger", custom_logger)
+        engine_arguments.check_regularizer_factory(
+            "regularizer_factory", regularizer_factory
+        )
         arguments.check_trainer_values(
             {
                 "batch_size": batch_size,
@@ -151,6 +165,13 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                 "optimizer_kwargs": optimizer_kwargs,
             },
             optimizer_cls=optimizer_cls,
+        )
+        # Built before imitation's constructor opens a default logger's files.
+        optimizer = engine_arguments.make_optimizer(
+            preference_model.parameters(),
+            optimizer_cls,
+            optimizer_kwargs,
+            defaults={"lr": lr},
         )
         self.batch_size = batch_size
         self.minibatch_size: Optional[int] = minibatch_size  # type: ignore[assignment]
@@ -172,14 +193,9 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         self._engine: Optional[GradientAccumulator] = None
         self._max_grad_norm = max_grad_norm
         self.regularizer = None
-        self.optim = optimizer_cls(
-            self._preference_model.parameters(),
-            **{"lr": lr, **(optimizer_kwargs or {})},
-        )
-        self.regularizer = (
-            regularizer_factory(optimizer=self.optim, logger=self.logger)
-            if regularizer_factory is not None
-            else None
+        self.optim = optimizer
+        self.regularizer = engine_arguments.make_regularizer(
+            "regularizer_factory", regularizer_factory, self.optim, self.logger
         )
         self._gt_losses: Optional[np.ndarray] = None
         self._profiles: Dict[Hashable, probe.ActivationProfile] = {}
@@ -276,10 +292,33 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
     def train(
         self, dataset: pc.PreferenceDataset, epoch_multiplier: float = 1.0
     ) -> None:
-        """Trains as imitation's ``train`` does, with the ``acceleration`` options."""
+        """Trains as imitation's ``train`` does, with the ``acceleration`` options.
+
+        Raises:
+            ValueError: before any step, naming by index the pairs of ``dataset``
+                that do not fit the reward net's spaces (see
+                :func:`~imitation_accum.preference.dataset_checks.check_dataset`).
+        """
+        self._check_dataset(dataset)
         options = None if self._for_ensembles else self.acceleration  # per member
         with acceleration_options.maybe_applied(options, self._preference_model.model):
             super().train(dataset, epoch_multiplier)
+
+    def _check_dataset(self, dataset: data_th.Dataset) -> None:
+        """Checks every pair of ``dataset`` against the reward net's spaces."""
+        net = self._preference_model.model
+        actions = net.action_space
+        if isinstance(actions, gym.spaces.Box):
+            # Finite actions; a Box's bounds are not the reward's concern (nor
+            # are the observation space's).
+            dtype: Any = actions.dtype  # a Box's own, which gym's stubs do not type
+            actions = gym.spaces.Box(-np.inf, np.inf, actions.shape, dtype)
+        dataset_checks.check_dataset(
+            dataset,
+            net.observation_space,
+            actions,
+            environment="the reward net's spaces",
+        )
 
     def _make_engine(self) -> GradientAccumulator:
         """The accumulation engine for this trainer's reward net (a hook)."""
@@ -542,7 +581,11 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
 
         Returns:
             Mean loss, metrics (``accuracy``) and this process's per-pair losses.
+
+        Raises:
+            ValueError: naming the pairs that do not fit the reward net's spaces.
         """
+        self._check_dataset(dataset)
         table = pair_table.read_preferences(dataset)
         self._check_settings()
         self._task.refresh_device()

@@ -1,0 +1,77 @@
+"""AIRL/GAIL refuse a bad optimizer or logger at construction, naming it."""
+
+import logging
+
+import pytest
+import torch as th
+
+from imitation_accum.scripts import train_adversarial
+from tests import adversarial_setup as setup
+from tests.test_adversarial_exactness import ALGOS, make_net
+
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def venv():
+    return setup.make_venv("CartPole-v1")
+
+
+@pytest.fixture(scope="module")
+def ppo(venv):
+    return setup.small_ppo(venv)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"custom_logger": "x"}, TypeError, r"^custom_logger must be None or an"),
+        ({"disc_opt_cls": "AdamW"}, TypeError, r"^disc_opt_cls .*torch\.optim\.AdamW"),
+        ({"disc_opt_cls": 5}, TypeError, r"^disc_opt_cls must be a torch\.optim"),
+        (
+            {"disc_opt_cls": th.optim.Adam, "disc_opt_kwargs": {"betas": 5}},
+            ValueError,
+            r"^disc_opt_kwargs\.betas=5 refused by Adam: TypeError",
+        ),
+        (
+            {"disc_opt_kwargs": {"lr": -1}},
+            ValueError,
+            r"^disc_opt_kwargs\.lr=-1 refused by SGD: .*learning rate",
+        ),
+        (
+            {"disc_opt_kwargs": {"lr": 0.1, "betas": (0.9, 0.99)}},
+            ValueError,
+            r"^disc_opt_kwargs\.betas=\(0\.9, 0\.99\) refused by SGD",
+        ),
+    ],
+)
+def test_constructor_names_a_bad_optimizer_or_logger(
+    algo, kwargs, error, message, venv, ppo
+):
+    ours_cls, _ = ALGOS[algo]
+    with pytest.raises(error, match=message):
+        setup.make_trainer(
+            ours_cls,
+            make_net(algo, venv),
+            venv=venv,
+            gen_algo=ppo,
+            demo_batch_size=BATCH,
+            **kwargs,
+        )
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_config_hook_names_the_key_the_default_optimizer_refuses(algo):
+    config = {
+        "algorithm_kwargs": {"demo_batch_size": BATCH, "disc_opt_kwargs": {"lr": -1}},
+        "algorithm_specific": {},
+    }
+    # imitation's default discriminator optimizer is Adam.
+    with pytest.raises(
+        ValueError,
+        match=r"^algorithm_kwargs\.disc_opt_kwargs\.lr=-1 refused by Adam",
+    ):
+        train_adversarial.check_algorithm_kwargs(
+            config, algo.lower(), logging.getLogger(__name__)
+        )
