@@ -243,13 +243,33 @@ def test_cuda_named_on_a_machine_without_cuda(monkeypatch):
         run_pc(**{"rl.rl_kwargs.device": "cuda"})
 
 
-def test_env_make_kwargs_of_a_known_argument_pass_the_hook():
+def test_atari_env_make_kwargs_followed_to_the_ale_environment():
+    with pytest.raises(
+        ValueError,
+        match=r"env_make_kwargs\.repeat_action_probabilty: .*did you mean "
+        r"repeat_action_probability\?",
+    ):
+        run_pc(
+            ["atari_pong", "fast"],
+            environment={"env_make_kwargs": {"repeat_action_probabilty": 0.1}},
+        )
+
+
+@pytest.mark.parametrize(
+    ("gym_id", "name"),
+    [
+        ("CartPole-v1", "render_mode"),  # the entry point's
+        ("CartPole-v1", "disable_env_checker"),  # gym.make's
+        ("imitation_accum/PongNoFrameskip-v4", "repeat_action_probability"),  # ALE's
+    ],
+)
+def test_env_make_kwargs_of_a_known_argument_pass_the_hook(gym_id, name):
     # The config is fine up to building the environment, which the fixture refuses.
     with pytest.raises(AssertionError, match="an environment was built"):
         run_pc(
             **{
-                "environment.gym_id": "CartPole-v1",
-                "environment.env_make_kwargs.render_mode": None,
+                "environment.gym_id": gym_id,
+                f"environment.env_make_kwargs.{name}": None,
             }
         )
 

@@ -4,7 +4,7 @@ import difflib
 import functools
 import inspect
 import pathlib
-from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional
 
 import gymnasium as gym
 import torch as th
@@ -46,34 +46,65 @@ def check_environment(
     return {}
 
 
-def check_env_make_kwargs(gym_id: str, kwargs: object) -> None:
-    """Checks ``environment.env_make_kwargs`` against the environment's entry point.
+#: Entry points that pass their ``**kwargs`` on to ``gym.make`` of another id, and
+#: the registered keyword argument holding that id.
+_MAKES_ANOTHER_ID = {
+    "imitation_accum.envs.atari:make_atari_env": "game_id",
+    "seals.atari:make_atari_env": "atari_env_id",
+}
 
-    The entry point is read from gymnasium's registry and its signature inspected;
-    nothing is built. An entry point that takes ``**kwargs`` passes them on to
-    something its signature does not name, so its extra keys are not checked.
+
+def env_arguments(spec: Any) -> Optional[List[str]]:
+    """What ``gym.make(spec, **kwargs)`` takes as ``kwargs`` (``None``: anything).
+
+    The entry point's signature, read from gymnasium's registry without building
+    anything, and ``gym.make``'s own arguments. An entry point taking ``**kwargs``
+    is followed where it passes them to ``gym.make`` of another id (the Atari
+    entry points of seals and of this package); otherwise it may take any.
+    """
+    make_params = inspect.signature(gym.make).parameters.values()
+    accepted = [
+        p.name
+        for p in make_params
+        if p.kind == p.KEYWORD_ONLY
+        or (p.kind == p.POSITIONAL_OR_KEYWORD and p.name != "id")
+    ]
+    creator: Any = spec.entry_point
+    if isinstance(creator, str):
+        creator = gym.envs.registration.load_env_creator(creator)
+    try:
+        params = inspect.signature(creator).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+        return None
+    accepted += [
+        p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if not any(p.kind == p.VAR_KEYWORD for p in params):
+        return accepted
+    inner_key = _MAKES_ANOTHER_ID.get(str(spec.entry_point))
+    inner_id = spec.kwargs.get(inner_key) if inner_key else None
+    inner = None if inner_id is None else env_arguments(gym.spec(inner_id))
+    return None if inner is None else accepted + inner
+
+
+def check_env_make_kwargs(gym_id: str, kwargs: object) -> None:
+    """Checks ``environment.env_make_kwargs`` against what the environment takes.
+
+    See :func:`env_arguments`; imitation passes ``max_episode_steps`` itself.
 
     Raises:
-        ValueError: if ``kwargs`` is not a dict, or names an argument the entry
-            point does not take (with near matches).
+        ValueError: if ``kwargs`` is not a dict, or names an argument the
+            environment does not take (with near matches).
     """
     key = "environment.env_make_kwargs"
     if not isinstance(kwargs, Mapping):
         raise ValueError(f"{key}={kwargs!r} must be a dict of keyword arguments")
     spec = gym.spec(gym_id)
-    creator: Any = spec.entry_point
-    if isinstance(creator, str):
-        creator = gym.envs.registration.load_env_creator(creator)
-    try:
-        signature = inspect.signature(creator)
-    except (TypeError, ValueError):  # a builtin or C callable: nothing to read
-        return
-    params = signature.parameters.values()
-    if any(p.kind == p.VAR_KEYWORD for p in params):
-        return
-    # gymnasium's own make() arguments are not passed through env_make_kwargs.
-    accepted = [p.name for p in params if p.kind != p.VAR_POSITIONAL]
-    _validation.known_names(key, kwargs, accepted, f"{gym_id!r} ({spec.entry_point})")
+    accepted = env_arguments(spec)
+    if accepted is not None:
+        accepted = [name for name in accepted if name != "max_episode_steps"]
+        target = f"{gym_id!r} ({spec.entry_point})"
+        _validation.known_names(key, kwargs, dict.fromkeys(accepted), target)
 
 
 #: imitation's logger formats (``imitation.util.logger``; SB3's and ``wandb``).
