@@ -55,7 +55,11 @@ _COUNTS = (
 def check_reward_trainer_kwargs(
     config: Dict[str, Any], command_name: str, logger: Any
 ) -> Dict[str, Any]:
-    """Config hook: trainer arguments and counts are valid, named by key if not."""
+    """Config hook: the experiment's keys are valid, named by key if not.
+
+    Trainer, gatherer and fragmenter arguments, counts, bools, the query schedule,
+    the reward net's arguments, and what the training device must allow.
+    """
     config_checks.check_reward_trainer_kwargs(
         config["reward_trainer_kwargs"],
         imitation_accum.CrossEntropyRewardTrainer,
