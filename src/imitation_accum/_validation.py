@@ -20,6 +20,28 @@ def _is_finite_number(value: object) -> TypeGuard[Union[int, float, np.number[An
     )
 
 
+def boolean(name: str, value: object) -> bool:
+    """``value`` as a ``bool`` if ``True`` or ``False`` (numpy's too), else an error.
+
+    A command line's ``false`` or ``'no'`` reaches a config as a string, which is
+    truthy: taking it would turn on what the user meant to turn off.
+
+    Raises:
+        ValueError: naming ``name``, for any other value.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a bool (True or False), got {value!r}.")
+    return bool(value)
+
+
+def optional_boolean(name: str, value: object) -> Optional[bool]:
+    """Like :func:`boolean`, but lets ``None`` through."""
+    if value is not None and not isinstance(value, (bool, np.bool_)):
+        kind = "None or a bool (True or False)"
+        raise ValueError(f"{name} must be {kind}, got {value!r}.")
+    return None if value is None else bool(value)
+
+
 def positive_int(name: str, value: object) -> int:
     """``value`` as an ``int`` if a positive int (not a bool), else ``ValueError``."""
     if not _is_int(value) or value < 1:

@@ -2,8 +2,10 @@
 
 import pytest
 import sacred.utils
+import torch as th
 from imitation.util import util
 
+from imitation_accum.planning import budget
 from imitation_accum.scripts.train_adversarial import train_adversarial_ex
 from imitation_accum.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex,
@@ -133,3 +135,203 @@ def test_demo_minibatch_larger_than_demo_batch(tmp_path):
             algorithm_kwargs={"demo_minibatch_size": 8},
             demonstrations={"source": "local", "path": str(tmp_path)},
         )
+
+
+# --- command-line values caught in the config hooks (issue 31) -----------------
+
+
+def _checked_before_anything_ran(tmp_path):
+    # The fixture's cwd: nothing written under output/, no run directory.
+    assert not (tmp_path / "output").exists()
+
+
+@pytest.mark.parametrize(
+    ("updates", "match"),
+    [
+        ({"environment.num_vec": 0}, r"environment\.num_vec must be a positive int"),
+        ({"environment.parallel": "no"}, r"environment\.parallel must be a bool"),
+        ({"save_preferences": "false"}, r"save_preferences must be a bool"),
+        ({"active_selection": "maybe"}, r"active_selection must be a bool"),
+        (
+            {"reward_trainer_kwargs.progress_bar": "False"},
+            r"reward_trainer_kwargs\.progress_bar must be a bool",
+        ),
+        ({"query_schedule": "foo"}, r"query_schedule='foo' must be one of"),
+        (
+            {"gatherer_kwargs.foo": 1},
+            r"gatherer_kwargs\.foo: SyntheticGatherer has no argument 'foo'",
+        ),
+        (
+            {"gatherer_kwargs.sample": "no"},
+            r"gatherer_kwargs\.sample must be a bool",
+        ),
+        (
+            {"reward_trainer_kwargs.optimizer_kwargs": {"weight_decay": -1}},
+            r"reward_trainer_kwargs\.optimizer_kwargs=\{'weight_decay': -1\}: AdamW "
+            r"refuses them: Invalid weight_decay value: -1",
+        ),
+        ({"seed": "abc"}, r"seed must be an int >= 0, got 'abc'"),
+        ({"seed": -1}, r"seed must be an int >= 0"),
+        (
+            {"logging.log_format_strs": ["nope"]},
+            r"logging\.log_format_strs: 'nope' is not a log format",
+        ),
+        (
+            {"reward.net_kwargs.foo": 1},
+            r"reward\.net_kwargs\.foo: BasicRewardNet has no argument 'foo'",
+        ),
+        (
+            {"reward.net_kwargs.use_state": "false"},
+            r"reward\.net_kwargs\.use_state must be a bool",
+        ),
+        (
+            {"reward.normalize_output_layer": "foo"},
+            r"reward\.normalize_output_layer='foo' must be None or an imitation norm",
+        ),
+        (
+            {"environment.gym_id": "CartPole-v1", "environment.env_make_kwargs.foo": 1},
+            r"environment\.env_make_kwargs\.foo: 'CartPole-v1' .* has no argument",
+        ),
+        (
+            {"rl.rl_kwargs.device": "cuda:99"},
+            r"rl\.rl_kwargs\.device='cuda:99': this machine has",
+        ),
+        (
+            {
+                "rl.rl_kwargs.device": "cpu",
+                "reward_trainer_kwargs.autocast_dtype": "float16",
+            },
+            r"reward_trainer_kwargs\.autocast_dtype='float16' with "
+            r"rl\.rl_kwargs\.device='cpu' \(cpu\): autocast_dtype='float16' needs a "
+            r"CUDA device",
+        ),
+        (
+            {"reward_trainer_kwargs.activation_checkpointing": True},
+            r"activation_checkpointing=True: reward\.net_cls=BasicRewardNet has no "
+            r"convolutions",
+        ),
+        (
+            {"reward_trainer_kwargs.memory_budget": "100B"},
+            r"reward_trainer_kwargs\.memory_budget=100 B is smaller than the .* that "
+            r"the reward net's parameters",
+        ),
+        (
+            {
+                "rl.rl_kwargs.device": "cpu",
+                "reward_trainer_kwargs.memory_budget": "10TiB",
+            },
+            r"reward_trainer_kwargs\.memory_budget=10\.00 TiB is more than the cpu "
+            r"device has",
+        ),
+    ],
+)
+def test_preference_comparisons_value_named_in_the_hook(tmp_path, updates, match):
+    assert budget.machine_bytes() < 10 * 2**40  # the 10TiB case needs a smaller one
+    with pytest.raises(ValueError, match=match):
+        run_pc(**updates)
+    _checked_before_anything_ran(tmp_path)
+
+
+def test_cnn_net_kwargs_checked_against_build_cnn():
+    with pytest.raises(ValueError, match=r"net_kwargs\.strid: .*did you mean stride"):
+        run_pc(["atari_pong", "fast"], reward={"net_kwargs": {"strid": 2}})
+
+
+def test_cuda_named_on_a_machine_without_cuda(monkeypatch):
+    monkeypatch.setattr(th.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device='cuda': this machine has no CUDA"):
+        run_pc(**{"rl.rl_kwargs.device": "cuda"})
+
+
+def test_atari_env_make_kwargs_followed_to_the_ale_environment():
+    with pytest.raises(
+        ValueError,
+        match=r"env_make_kwargs\.repeat_action_probabilty: .*did you mean "
+        r"repeat_action_probability\?",
+    ):
+        run_pc(
+            ["atari_pong", "fast"],
+            environment={"env_make_kwargs": {"repeat_action_probabilty": 0.1}},
+        )
+
+
+@pytest.mark.parametrize(
+    ("gym_id", "name"),
+    [
+        ("CartPole-v1", "render_mode"),  # the entry point's
+        ("CartPole-v1", "disable_env_checker"),  # gym.make's
+        ("imitation_accum/PongNoFrameskip-v4", "repeat_action_probability"),  # ALE's
+    ],
+)
+def test_env_make_kwargs_of_a_known_argument_pass_the_hook(gym_id, name):
+    # The config is fine up to building the environment, which the fixture refuses.
+    with pytest.raises(AssertionError, match="an environment was built"):
+        run_pc(
+            **{
+                "environment.gym_id": gym_id,
+                f"environment.env_make_kwargs.{name}": None,
+            }
+        )
+
+
+@pytest.mark.parametrize(
+    ("command", "updates", "match"),
+    [
+        (
+            "airl",
+            {"algorithm_kwargs.disc_opt_kwargs": {"lr": -1}},
+            r"algorithm_kwargs\.disc_opt_kwargs\.lr must be a finite number >= 0",
+        ),
+        (
+            "gail",
+            {"algorithm_kwargs.disc_opt_kwargs": {"weight_decay": -1}},
+            r"disc_opt_kwargs=\{'weight_decay': -1\}: Adam refuses them",
+        ),
+        (
+            "print_config",
+            {"algorithm_kwargs.demo_minibatch_size": 0},
+            r"algorithm_kwargs\.demo_minibatch_size must be a positive int",
+        ),
+        (
+            "airl",
+            {"algorithm_kwargs.allow_variable_horizon": "false"},
+            r"algorithm_kwargs\.allow_variable_horizon must be a bool",
+        ),
+        ("gail", {"seed": "abc"}, r"seed must be an int >= 0, got 'abc'"),
+        (
+            "airl",
+            {"reward.net_kwargs.foo": 1},
+            r"reward\.net_kwargs\.foo: BasicShapedRewardNet has no argument 'foo'",
+        ),
+        (
+            "airl",
+            {"algorithm_kwargs.memory_budget": "100B"},
+            r"algorithm_kwargs\.memory_budget=100 B is smaller than",
+        ),
+        (
+            "gail",
+            {
+                "rl.rl_kwargs.device": "cpu",
+                "algorithm_kwargs.memory_budget": "10TiB",
+            },
+            r"algorithm_kwargs\.memory_budget=10\.00 TiB is more than the cpu device",
+        ),
+    ],
+)
+def test_adversarial_value_named_in_the_hook(tmp_path, command, updates, match):
+    demos = {"demonstrations.source": "local", "demonstrations.path": str(tmp_path)}
+    updates = {"algorithm_kwargs.demo_minibatch_size": None, **demos, **updates}
+    with pytest.raises(ValueError, match=match):
+        run_adversarial(command, **updates)
+    _checked_before_anything_ran(tmp_path)
+
+
+def test_print_config_only_warns_of_a_budget_beyond_the_device(caplog):
+    key = "algorithm_kwargs.memory_budget"
+    run_adversarial(
+        "print_config",
+        **{key: "10TiB", "algorithm_kwargs.demo_minibatch_size": None},
+    )
+    warned = [r.getMessage() for r in caplog.records if key in r.getMessage()]
+    assert len(warned) == 2  # as AIRL and as GAIL would get it
+    assert "this command does not train" in warned[0]

@@ -2,6 +2,8 @@
 # ruff: noqa: F811  (preferences_path is a fixture imported from the run tests)
 
 import logging
+import pathlib
+import pickle
 import subprocess
 import sys
 
@@ -109,14 +111,107 @@ def test_bad_value_on_resume_keeps_the_earlier_log(tmp_path, preferences_path):
     assert progress.read_bytes() == before
 
 
-def test_budget_beyond_the_machine_warned_then_refused(
-    tmp_path, preferences_path, caplog
+def test_budget_beyond_the_device_refused_before_the_run_directory(
+    tmp_path, preferences_path
 ):
     key = "reward_trainer_kwargs.memory_budget"
-    with pytest.raises(ValueError, match=r"memory_budget=.* is more than the cpu"):
+    match = r"reward_trainer_kwargs\.memory_budget=.* is more than the cpu device"
+    with pytest.raises(ValueError, match=match):
         run(tmp_path, preferences_path, "big", **{key: TOO_MUCH, "device": "cpu"})
+    assert not (tmp_path / "big").exists()
+
+
+def test_budget_beyond_the_device_only_warned_by_print_config(caplog):
+    key = "reward_trainer_kwargs.memory_budget"
+    ex.run(
+        "print_config",
+        config_updates={key: TOO_MUCH, "reward_trainer_kwargs.minibatch_size": None},
+    )
     warned = [r.getMessage() for r in caplog.records if key in r.getMessage()]
-    assert len(warned) == 1 and "more than this machine has" in warned[0]
+    assert len(warned) == 1 and "this command does not train" in warned[0]
+
+
+class _WritesMarker:
+    """Unpickles by writing a file: what a crafted pickle's code could do."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (pathlib.Path.write_text, (pathlib.Path(self.path), "ran"))
+
+
+@pytest.fixture
+def crafted_pickle(tmp_path):
+    marker = tmp_path / "marker"
+    path = tmp_path / "evil.pkl"
+    path.write_bytes(pickle.dumps(_WritesMarker(marker)))
+    return path, marker
+
+
+@pytest.mark.parametrize("value", ["false", "False", "no", "maybe", 0, None])
+def test_trust_pickle_takes_only_a_bool(tmp_path, crafted_pickle, value):
+    path, marker = crafted_pickle
+    with pytest.raises(ValueError, match=r"trust_pickle must be a bool"):
+        run(tmp_path, path, "evil", trust_pickle=value)
+    assert not marker.exists()
+    assert not (tmp_path / "evil").exists()
+
+
+def test_trust_pickle_false_on_the_command_line_runs_no_pickle(crafted_pickle):
+    path, marker = crafted_pickle
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "imitation_accum.scripts.train_reward_model",
+            "with",
+            f"dataset_path={path}",
+            "trust_pickle=false",  # sacred passes the string 'false'
+        ],
+        cwd=path.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "trust_pickle must be a bool (True or False), got 'false'" in done.stderr
+    assert not marker.exists()
+    assert not (path.parent / "output").exists()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        (
+            "reward_trainer_kwargs.optimizer_kwargs",
+            {"weight_decay": -1},
+            r"optimizer_kwargs=\{'weight_decay': -1\}: AdamW refuses them: "
+            r"Invalid weight_decay value: -1",
+        ),
+        ("reward_trainer_kwargs.drop_last", "false", r"kwargs\.drop_last must be"),
+        ("environment.parallel", "no", r"environment\.parallel must be a bool"),
+        ("seed", "abc", r"seed must be an int >= 0, got 'abc'"),
+        ("device", "cuda:99", r"device='cuda:99': this machine has"),
+        (
+            "reward_trainer_kwargs.activation_checkpointing",
+            True,
+            r"activation_checkpointing=True: reward\.net_cls=BasicRewardNet has no",
+        ),
+        (
+            "reward_trainer_kwargs.memory_budget",
+            "100B",
+            r"memory_budget=100 B is smaller than",
+        ),
+    ],
+)
+def test_more_bad_values_named_before_the_run_directory(
+    tmp_path, preferences_path, key, value, match
+):
+    with pytest.raises(ValueError, match=match):
+        run(tmp_path, preferences_path, "bad", **{key: value})
+    assert not (tmp_path / "bad").exists()
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import inspect
 from typing import Any, Mapping, Optional
 
 import numpy as np
+import torch as th
 from imitation.algorithms import preference_comparisons as pc
 
 from imitation_accum import _validation
@@ -99,10 +100,28 @@ def check_preference_model_values(
         _validation.positive_finite_float(f"{prefix}threshold", kwargs["threshold"])
 
 
-def _check_optimizer_kwargs(
-    name: str, value: object, optimizer_cls: Optional[type]
+def check_optimizer_kwargs(
+    name: str,
+    value: object,
+    optimizer_cls: Optional[type],
+    lr: Optional[float] = None,
 ) -> None:
-    """Checks ``optimizer_kwargs``: ``None`` or a dict of the optimizer's arguments."""
+    """Checks ``optimizer_kwargs``: ``None`` or a dict of the optimizer's arguments.
+
+    The optimizer's own checks run on one scalar parameter (torch's optimizers
+    check their hyperparameters when built), so a value it would refuse fails
+    here, before anything is built.
+
+    Args:
+        name: The argument's name in messages (``...optimizer_kwargs``).
+        value: The optimizer's keyword arguments.
+        optimizer_cls: The optimizer class; ``None`` checks only that ``value`` is
+            a dict.
+        lr: The learning rate the trainer passes along with ``value``.
+
+    Raises:
+        ValueError: naming ``name`` and the argument the optimizer refuses.
+    """
     if value is None:
         return
     if not isinstance(value, Mapping):
@@ -112,12 +131,18 @@ def _check_optimizer_kwargs(
     if optimizer_cls is None:
         return
     params = inspect.signature(optimizer_cls).parameters
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        return
-    accepted = [n for n in params if n not in ("self", "params")]
-    _validation.known_names(name, value, accepted, optimizer_cls.__name__)
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        accepted = [n for n in params if n not in ("self", "params")]
+        _validation.known_names(name, value, accepted, optimizer_cls.__name__)
     if "lr" in value:
         _validation.finite_float(f"{name}.lr", value["lr"], allow_zero=True)
+    arguments = {**({} if lr is None else {"lr": lr}), **value}
+    try:
+        optimizer_cls([th.nn.Parameter(th.zeros(1))], **arguments)
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            f"{name}={dict(value)!r}: {optimizer_cls.__name__} refuses them: {error}"
+        ) from error
 
 
 def check_trainer_values(
@@ -167,11 +192,12 @@ def check_trainer_values(
         kwargs.get("autocast_dtype"), f"{prefix}autocast_dtype"
     )
     for flag in ("drop_last", "progress_bar", "activation_checkpointing"):
-        if flag in kwargs and not isinstance(kwargs[flag], bool):
-            raise ValueError(f"{prefix}{flag} must be a bool, got {kwargs[flag]!r}")
-    two_pass = kwargs.get("two_pass")
-    if two_pass is not None and not isinstance(two_pass, bool):
-        raise ValueError(f"{prefix}two_pass must be None or a bool, got {two_pass!r}")
-    _check_optimizer_kwargs(
-        f"{prefix}optimizer_kwargs", kwargs.get("optimizer_kwargs"), optimizer_cls
+        if flag in kwargs:
+            _validation.boolean(f"{prefix}{flag}", kwargs[flag])
+    _validation.optional_boolean(f"{prefix}two_pass", kwargs.get("two_pass"))
+    check_optimizer_kwargs(
+        f"{prefix}optimizer_kwargs",
+        kwargs.get("optimizer_kwargs"),
+        optimizer_cls,
+        kwargs.get("lr", 1e-3),
     )

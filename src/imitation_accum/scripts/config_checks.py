@@ -1,16 +1,21 @@
 """Config checks of the experiments' sacred hooks, naming the full key they reject."""
 
 import difflib
+import functools
 import inspect
 import pathlib
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional
 
 import gymnasium as gym
+import torch as th
 from imitation.rewards import reward_nets
+from imitation.scripts.ingredients import reward as reward_ingredient
+from imitation.util import networks
 
 from imitation_accum import _validation
 from imitation_accum.engine import acceleration
 from imitation_accum.envs import atari
+from imitation_accum.nets import shaped
 from imitation_accum.planning import budget
 from imitation_accum.preference import arguments
 
@@ -35,6 +40,108 @@ def check_environment(
     _validation.optional_positive_int(
         "environment.max_episode_steps", env["max_episode_steps"]
     )
+    _validation.positive_int("environment.num_vec", env["num_vec"])
+    _validation.boolean("environment.parallel", env["parallel"])
+    check_env_make_kwargs(gym_id, env["env_make_kwargs"])
+    return {}
+
+
+#: Entry points that pass their ``**kwargs`` on to ``gym.make`` of another id, and
+#: the registered keyword argument holding that id.
+_MAKES_ANOTHER_ID = {
+    "imitation_accum.envs.atari:make_atari_env": "game_id",
+    "seals.atari:make_atari_env": "atari_env_id",
+}
+
+
+def env_arguments(spec: Any) -> Optional[List[str]]:
+    """What ``gym.make(spec, **kwargs)`` takes as ``kwargs`` (``None``: anything).
+
+    The entry point's signature, read from gymnasium's registry without building
+    anything, and ``gym.make``'s own arguments. An entry point taking ``**kwargs``
+    is followed where it passes them to ``gym.make`` of another id (the Atari
+    entry points of seals and of this package); otherwise it may take any.
+    """
+    make_params = inspect.signature(gym.make).parameters.values()
+    accepted = [
+        p.name
+        for p in make_params
+        if p.kind == p.KEYWORD_ONLY
+        or (p.kind == p.POSITIONAL_OR_KEYWORD and p.name != "id")
+    ]
+    creator: Any = spec.entry_point
+    if isinstance(creator, str):
+        creator = gym.envs.registration.load_env_creator(creator)
+    try:
+        params = inspect.signature(creator).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+        return None
+    accepted += [
+        p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if not any(p.kind == p.VAR_KEYWORD for p in params):
+        return accepted
+    inner_key = _MAKES_ANOTHER_ID.get(str(spec.entry_point))
+    inner_id = spec.kwargs.get(inner_key) if inner_key else None
+    inner = None if inner_id is None else env_arguments(gym.spec(inner_id))
+    return None if inner is None else accepted + inner
+
+
+def check_env_make_kwargs(gym_id: str, kwargs: object) -> None:
+    """Checks ``environment.env_make_kwargs`` against what the environment takes.
+
+    See :func:`env_arguments`; imitation passes ``max_episode_steps`` itself.
+
+    Raises:
+        ValueError: if ``kwargs`` is not a dict, or names an argument the
+            environment does not take (with near matches).
+    """
+    key = "environment.env_make_kwargs"
+    if not isinstance(kwargs, Mapping):
+        raise ValueError(f"{key}={kwargs!r} must be a dict of keyword arguments")
+    spec = gym.spec(gym_id)
+    accepted = env_arguments(spec)
+    if accepted is not None:
+        accepted = [name for name in accepted if name != "max_episode_steps"]
+        target = f"{gym_id!r} ({spec.entry_point})"
+        _validation.known_names(key, kwargs, dict.fromkeys(accepted), target)
+
+
+#: imitation's logger formats (``imitation.util.logger``; SB3's and ``wandb``).
+LOG_FORMATS = ("stdout", "log", "json", "csv", "tensorboard", "wandb")
+
+
+def check_run_settings(
+    config: Dict[str, Any], command_name: str, logger: Any
+) -> Dict[str, Any]:
+    """Config hook: sacred's ``seed`` and imitation's ``logging`` ingredient.
+
+    Raises:
+        ValueError: naming ``seed`` (an int in [0, 2**32), as numpy seeds) or
+            ``logging.log_format_strs``.
+    """
+    del command_name, logger
+    seed = config.get("seed")
+    if seed is not None:
+        _validation.non_negative_int("seed", seed)
+        if seed >= 2**32:
+            raise ValueError(f"seed={seed!r} must be below 2**32")
+    logging_config = config.get("logging")
+    if isinstance(logging_config, Mapping) and "log_format_strs" in logging_config:
+        formats = logging_config["log_format_strs"]
+        if not isinstance(formats, (list, tuple)):
+            raise ValueError(
+                f"logging.log_format_strs={formats!r} must be a list of formats, "
+                f"such as ['csv', 'stdout'] (formats: {', '.join(LOG_FORMATS)})"
+            )
+        for value in formats:
+            if value not in LOG_FORMATS:
+                near = difflib.get_close_matches(str(value), LOG_FORMATS, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise ValueError(
+                    f"logging.log_format_strs: {value!r} is not a log format{hint} "
+                    f"(formats: {', '.join(LOG_FORMATS)})"
+                )
     return {}
 
 
@@ -66,6 +173,47 @@ def check_demonstrations(
     return {}
 
 
+def _parameters(target: Any) -> Dict[str, inspect.Parameter]:
+    """``target``'s keyword parameters, following ``**kwargs`` up a class's MRO."""
+    functions = [target]
+    if isinstance(target, type):
+        functions = [
+            vars(k)["__init__"] for k in target.__mro__ if "__init__" in vars(k)
+        ]
+    found: Dict[str, inspect.Parameter] = {}
+    for function in functions:
+        try:
+            params = inspect.signature(function, eval_str=True).parameters.values()
+        except (NameError, TypeError):  # an annotation that does not resolve
+            params = inspect.signature(function).parameters.values()
+        for p in params:
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                found.setdefault(p.name, p)
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return found
+
+
+def check_booleans(
+    key: str, kwargs: Mapping[str, Any], params: Mapping[str, inspect.Parameter]
+) -> None:
+    """Checks the ``kwargs`` whose parameter in ``params`` is annotated ``bool``.
+
+    ``Optional[bool]`` also takes ``None``.
+
+    Raises:
+        ValueError: naming ``<key>.<name>`` of a value that is not a bool.
+    """
+    for name, value in kwargs.items():
+        param = params.get(name)
+        annotation = None if param is None else param.annotation
+        where = f"{key}.{name}" if key else name
+        if annotation in (bool, "bool"):
+            _validation.boolean(where, value)
+        elif annotation in (Optional[bool], "Optional[bool]"):
+            _validation.optional_boolean(where, value)
+
+
 def check_keywords(
     key: str,
     kwargs: Mapping[str, Any],
@@ -77,25 +225,17 @@ def check_keywords(
 
     Follows ``**kwargs`` up the method resolution order, less ``exclude`` (what the
     experiment passes itself); ``target`` names the receiver (default: ``cls``).
+    Arguments annotated ``bool`` take only bools.
 
     Raises:
-        ValueError: naming the first unknown key, with near matches.
+        ValueError: naming the first unknown key, with near matches, or a bool
+            argument given another value.
     """
-    accepted: List[str] = []
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass):
-            continue
-        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
-        accepted += [
-            p.name
-            for p in params
-            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        ]
-        if not any(p.kind == p.VAR_KEYWORD for p in params):
-            break
+    params = _parameters(cls)
     excluded = set(exclude)
-    names = dict.fromkeys(name for name in accepted if name not in excluded)
+    names = [name for name in params if name not in excluded]
     _validation.known_names(key, kwargs, names, target or cls.__name__)
+    check_booleans(key, kwargs, params)
 
 
 def check_reward_trainer_kwargs(
@@ -107,20 +247,247 @@ def check_reward_trainer_kwargs(
 ) -> None:
     """Checks ``reward_trainer_kwargs``: the names and values of trainer arguments.
 
-    ``trainer_cls`` receives them, less ``exclude``; ``logger`` is the hook's;
-    ``optimizer_cls`` (if given) is checked against ``optimizer_kwargs``.
+    ``trainer_cls`` receives them, less ``exclude``; ``logger`` (the hook's) is not
+    used any more (:func:`check_on_device` checks the budget); ``optimizer_kwargs``
+    is checked against ``optimizer_cls`` (default: the
+    configured ``optimizer_cls``, else ``trainer_cls``'s default).
 
     Raises:
         ValueError: naming the first unknown or invalid
             ``reward_trainer_kwargs.<key>``.
     """
+    del logger
     key = "reward_trainer_kwargs"
     check_keywords(key, kwargs, trainer_cls, exclude, "CrossEntropyRewardTrainer")
+    if optimizer_cls is None:
+        optimizer_cls = kwargs.get(
+            "optimizer_cls", _parameters(trainer_cls)["optimizer_cls"].default
+        )
+        if not (
+            isinstance(optimizer_cls, type)
+            and issubclass(optimizer_cls, th.optim.Optimizer)
+        ):
+            raise ValueError(
+                f"{key}.optimizer_cls={optimizer_cls!r} must be a torch.optim "
+                "optimizer class"
+            )
     arguments.check_trainer_values(kwargs, f"{key}.", optimizer_cls)
-    warn_budget_beyond_machine(
-        logger, f"{key}.memory_budget", kwargs.get("memory_budget")
-    )
     acceleration.Acceleration.parse(kwargs.get("acceleration"), f"{key}.acceleration")
+
+
+def trainer_optimizer(
+    kwargs: Mapping[str, Any], trainer_cls: type, optimizer_cls: Optional[type] = None
+) -> Callable[[Iterator[th.nn.Parameter]], th.optim.Optimizer]:
+    """Builds the optimizer ``trainer_cls`` builds from its (checked) ``kwargs``.
+
+    ``optimizer_cls``: the class, if the config names it otherwise than by class.
+    """
+    defaults = _parameters(trainer_cls)
+    cls = optimizer_cls or kwargs.get(
+        "optimizer_cls", defaults["optimizer_cls"].default
+    )
+    arguments = {
+        "lr": kwargs.get("lr", defaults["lr"].default),
+        **(kwargs.get("optimizer_kwargs") or {}),
+    }
+    return functools.partial(cls, **arguments)
+
+
+def disc_optimizer(
+    kwargs: Mapping[str, Any], algorithm: type, prefix: str = "algorithm_kwargs."
+) -> Callable[[Iterator[th.nn.Parameter]], th.optim.Optimizer]:
+    """Checks AIRL/GAIL's ``disc_opt_kwargs`` against ``disc_opt_cls``.
+
+    ``prefix``: the config key of ``kwargs`` with a dot.
+
+    Returns:
+        What builds the discriminator's optimizer over given parameters.
+
+    Raises:
+        ValueError: naming ``<prefix>disc_opt_cls`` or ``<prefix>disc_opt_kwargs``.
+    """
+    cls = kwargs.get("disc_opt_cls", _parameters(algorithm)["disc_opt_cls"].default)
+    if not (isinstance(cls, type) and issubclass(cls, th.optim.Optimizer)):
+        raise ValueError(
+            f"{prefix}disc_opt_cls={cls!r} must be a torch.optim optimizer class"
+        )
+    opt_kwargs = kwargs.get("disc_opt_kwargs")
+    arguments.check_optimizer_kwargs(f"{prefix}disc_opt_kwargs", opt_kwargs, cls)
+    return functools.partial(cls, **(opt_kwargs or {}))
+
+
+def training_device(key: str, value: object) -> th.device:
+    """The device config ``key`` names (``"auto"``: the first GPU if any, as SB3's).
+
+    Raises:
+        ValueError: naming ``key`` if ``value`` is not a device, or names a CUDA
+            device this machine does not have.
+    """
+    if value == "auto":
+        return th.device("cuda" if th.cuda.is_available() else "cpu")
+    try:
+        device = th.device(value)  # type: ignore[call-overload]
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(
+            f"{key}={value!r} is not a device: give 'auto', 'cpu', 'cuda' or 'cuda:N'"
+        ) from error
+    if device.type == "cuda":
+        count = th.cuda.device_count() if th.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(
+                f"{key}={value!r}: this machine has no CUDA device; give 'cpu' or "
+                "'auto'"
+            )
+        if device.index is not None and device.index >= count:
+            raise ValueError(
+                f"{key}={value!r}: this machine has {count} CUDA device(s), "
+                f"cuda:0 to cuda:{count - 1}"
+            )
+    return device
+
+
+def check_on_device(
+    kwargs: Mapping[str, Any],
+    prefix: str,
+    device_key: str,
+    device_value: object,
+    trains: bool,
+    logger: Any,
+) -> None:
+    """Checks trainer arguments against the device the reward net will train on.
+
+    ``autocast_dtype`` must run there and a ``memory_budget`` in bytes must fit its
+    memory. ``trains``: whether the command trains; if not (``print_config``) a
+    config meant for another machine is only warned about.
+
+    Args:
+        kwargs: The trainer's arguments (``reward_trainer_kwargs``, ...).
+        prefix: Their config key with a dot (``reward_trainer_kwargs.``).
+        device_key: The config key naming the device (``device``,
+            ``rl.rl_kwargs.device``).
+        device_value: Its value.
+        trains: Whether the command trains here.
+        logger: The config hook's logger.
+
+    Raises:
+        ValueError: naming the key, if the command trains.
+    """
+    try:
+        device = training_device(device_key, device_value)
+        dtype_value = kwargs.get("autocast_dtype")
+        dtype = acceleration.parse_autocast_dtype(
+            dtype_value, f"{prefix}autocast_dtype"
+        )
+        try:
+            acceleration.check_supported(dtype, device)
+        except ValueError as error:
+            raise ValueError(
+                f"{prefix}autocast_dtype={dtype_value!r} with {device_key}="
+                f"{device_value!r} ({device}): {error}"
+            ) from None
+        parsed = budget.parse_budget(
+            kwargs.get("memory_budget"), f"{prefix}memory_budget"
+        )
+        try:
+            budget.check_fits_device(parsed, device)
+        except ValueError as error:  # its message names "memory_budget"
+            raise ValueError(
+                f"{prefix}{error} ({device_key}={device_value!r})"
+            ) from None
+    except ValueError as error:
+        if trains:
+            raise
+        logger.warning(f"{error} (only a warning: this command does not train)")
+
+
+def check_budget_holds_net(
+    config: Mapping[str, Any],
+    command_name: str,
+    key: str,
+    value: object,
+    make_optimizer: Callable[[Iterator[th.nn.Parameter]], th.optim.Optimizer],
+) -> None:
+    """Refuses a memory budget in bytes that cannot hold the reward net's training.
+
+    A budget must hold the parameters, their gradients and the optimizer state
+    (:func:`imitation_accum.planning.budget.check_holds_training_state`) before the
+    first pair; the trainer measures what a pair's activations add. To count them
+    here, one environment is made (and closed) for its spaces and the reward net
+    is built on the CPU from the ``reward`` config, as imitation's ingredient
+    builds it. Only for a budget in bytes and a single net (not an ensemble).
+
+    Args:
+        config: The run's config.
+        command_name: The command (``airl``, ...): ``reward.algorithm_specific``.
+        key: The budget's config key.
+        value: The budget.
+        make_optimizer: Builds the trainer's optimizer over given parameters.
+
+    Raises:
+        ValueError: naming ``key``, the bytes needed and the bytes given.
+    """
+    parsed = budget.parse_budget(value, key)
+    reward = config.get("reward")
+    if not isinstance(parsed, int) or not isinstance(reward, Mapping):
+        return
+    specific = reward.get("algorithm_specific", {}).get(command_name, {})
+    net_cls = specific.get("net_cls", reward.get("net_cls"))
+    if not (
+        isinstance(net_cls, type)
+        and issubclass(net_cls, reward_nets.RewardNet)
+        and not issubclass(net_cls, reward_nets.RewardEnsemble)
+    ):
+        return
+    net_kwargs = {**reward.get("net_kwargs", {}), **specific.get("net_kwargs", {})}
+    layer = specific.get("normalize_output_layer", reward.get("normalize_output_layer"))
+    environment = config["environment"]
+    env = gym.make(environment["gym_id"], **environment["env_make_kwargs"])
+    env.close()  # only its spaces are read, as the reward ingredient reads a venv's
+    # The reward ingredient's builder (under patched(), the package's, which
+    # leaves a CNN net's normalize_input_layer out).
+    net = reward_ingredient._make_reward_net(
+        env,  # type: ignore[arg-type]  # only its two spaces are read
+        net_cls,
+        net_kwargs,
+        layer,
+    )
+    needed = budget.training_state_bytes(make_optimizer(net.parameters()))
+    if parsed < needed:
+        raise ValueError(
+            f"{key}={budget.format_bytes(parsed)} is smaller than the "
+            f"{budget.format_bytes(needed)} that the reward net's parameters, their "
+            "gradients and the optimizer state need, before any pair: give a larger "
+            "budget, or 'auto'"
+        )
+
+
+def check_checkpointing(
+    config: Mapping[str, Any], command_name: str, key: str, enabled: object
+) -> None:
+    """Refuses ``activation_checkpointing`` with a reward net that has no CNN.
+
+    An error, not a warning: checkpointing would do nothing there, and the
+    trainer refuses it anyway, though only once the run has started.
+
+    Raises:
+        ValueError: naming ``key`` and the net class (imitation's MLP nets).
+    """
+    if enabled is not True:
+        return
+    reward = config.get("reward")
+    if not isinstance(reward, Mapping):
+        return
+    specific = reward.get("algorithm_specific", {}).get(command_name, {})
+    net_cls = specific.get("net_cls", reward.get("net_cls"))
+    if isinstance(net_cls, type) and issubclass(net_cls, reward_nets.RewardEnsemble):
+        net_cls = (reward.get("ensemble_member_config") or {}).get("net_cls")
+    mlp = (reward_nets.BasicRewardNet, reward_nets.BasicShapedRewardNet)
+    if isinstance(net_cls, type) and issubclass(net_cls, mlp):
+        raise ValueError(
+            f"{key}=True: reward.net_cls={net_cls.__name__} has no convolutions to "
+            "checkpoint (it needs a CnnRewardNet or a net holding a "
+            "BasicPotentialCNN); set it to False"
+        )
 
 
 def check_counts(config: Mapping[str, Any], keys: Iterable[str]) -> None:
@@ -148,6 +515,26 @@ def check_reward_ingredient(config: Mapping[str, Any], command_name: str) -> Non
         **reward.get("net_kwargs", {}),
         **specific.get("net_kwargs", {}),
     }
+    layer = specific.get("normalize_output_layer", reward.get("normalize_output_layer"))
+    if issubclass(net_cls, reward_nets.RewardEnsemble):
+        # imitation builds the members from ensemble_member_config alone.
+        member = reward.get("ensemble_member_config") or {}
+        member_cls = member.get("net_cls")
+        if isinstance(member_cls, type) and issubclass(
+            member_cls, reward_nets.RewardNet
+        ):
+            check_net_kwargs(
+                member_cls,
+                member.get("net_kwargs", {}),
+                "reward.ensemble_member_config.net_kwargs",
+            )
+        _check_norm_class(
+            "reward.ensemble_member_config.normalize_output_layer",
+            member.get("normalize_output_layer"),
+        )
+    else:
+        check_net_kwargs(net_cls, net_kwargs)
+        _check_norm_class("reward.normalize_output_layer", layer)
     hid_sizes = net_kwargs.get("hid_sizes")
     if hid_sizes is not None:
         if not isinstance(hid_sizes, (list, tuple)):
@@ -162,16 +549,75 @@ def check_reward_ingredient(config: Mapping[str, Any], command_name: str) -> Non
         _validation.positive_int("reward.ensemble_size", ensemble_size)
 
 
-def warn_budget_beyond_machine(logger: Any, key: str, value: object) -> None:
-    """Warns if the memory budget ``value`` of ``key`` exceeds this machine's memory.
+#: Where reward nets whose constructor takes ``**kwargs`` pass them (imitation's
+#: nets and ours), and the builder's arguments the net sets itself.
+_NET_KWARGS_TARGETS = (
+    (shaped.CnnShapedRewardNet, networks.build_cnn, ("hid_channels",)),
+    (reward_nets.CnnRewardNet, networks.build_cnn, ()),
+    (reward_nets.BasicShapedRewardNet, networks.build_mlp, ("hid_sizes",)),
+    (reward_nets.BasicRewardNet, networks.build_mlp, ()),
+)
+_SET_BY_NETS = ("in_size", "in_channels", "out_size", "squeeze_output")
 
-    Only a warning: a config may be meant for a larger machine.
+
+def net_arguments(net_cls: type) -> Optional[Dict[str, inspect.Parameter]]:
+    """The keyword arguments ``net_cls`` takes (``None``: unknown, it takes any).
+
+    A constructor's ``**kwargs`` is followed for imitation's MLP and CNN nets and
+    this package's ``CnnShapedRewardNet``, whose ``**kwargs`` go to imitation's
+    ``build_mlp``/``build_cnn``.
     """
-    message = budget.beyond_memory(
-        budget.parse_budget(value, key), budget.machine_bytes(), "this machine", key
+    params = {
+        name: p
+        for name, p in _parameters(net_cls).items()
+        if name not in ("observation_space", "action_space")
+    }
+    takes_any = any(
+        p.kind == p.VAR_KEYWORD
+        for p in inspect.signature(vars(net_cls)["__init__"]).parameters.values()
     )
-    if message is not None:
-        logger.warning(f"{message}; training here will refuse it")
+    if not takes_any:
+        return params
+    for cls, builder, set_by_net in _NET_KWARGS_TARGETS:
+        if issubclass(net_cls, cls):
+            set_by_net = (*_SET_BY_NETS, *set_by_net)
+            extra = _parameters(builder).items()
+            return {**{n: p for n, p in extra if n not in set_by_net}, **params}
+    return None
+
+
+def check_net_kwargs(
+    net_cls: type, net_kwargs: Mapping[str, Any], key: str = "reward.net_kwargs"
+) -> None:
+    """Checks config ``key``'s ``net_kwargs`` against ``net_cls``'s constructor.
+
+    ``normalize_input_layer`` is left to imitation's reward ingredient and the
+    patch's hook (an image net takes none).
+
+    Raises:
+        ValueError: naming ``<key>.<name>`` that ``net_cls`` does not take, or a
+            bool argument given another value.
+    """
+    accepted = net_arguments(net_cls)
+    if accepted is None:
+        return
+    net_kwargs = {k: v for k, v in net_kwargs.items() if k != "normalize_input_layer"}
+    _validation.known_names(key, net_kwargs, accepted, net_cls.__name__)
+    check_booleans(key, net_kwargs, accepted)
+
+
+def _check_norm_class(key: str, layer: object) -> None:
+    # An output normalization layer: None or a class of imitation's norms.
+    if layer is None or (
+        isinstance(layer, type) and issubclass(layer, networks.BaseNorm)
+    ):
+        return
+    raise ValueError(
+        f"{key}={getattr(layer, '__name__', layer)!r} must be None or an imitation "
+        "norm class (RunningNorm, EMANorm); a class cannot be named on the command "
+        "line: use the reward ingredient's named configs normalize_output_disable, "
+        "normalize_output_running or normalize_output_ema"
+    )
 
 
 def check_preference_model_kwargs(kwargs: Any) -> None:

@@ -39,6 +39,7 @@ train_adversarial_ex.add_alternatives(
 )
 train_adversarial_ex.config_hook(config_checks.check_environment)
 train_adversarial_ex.config_hook(config_checks.check_demonstrations)
+train_adversarial_ex.config_hook(config_checks.check_run_settings)
 
 # Passed by imitation's script itself, or stripped by it before the constructor.
 _SCRIPT_ARGUMENTS = ("venv", "demonstrations", "gen_algo", "log_dir", "reward_net")
@@ -49,23 +50,41 @@ _STRIPPED = ("shared", "airl", "gail")
 def check_algorithm_kwargs(
     config: Dict[str, Any], command_name: str, logger: Any
 ) -> Dict[str, Any]:
-    """Config hook: ``algorithm_kwargs`` are valid arguments of AIRL or GAIL, by key."""
-    algorithm = ALGORITHMS.get(command_name)
-    if algorithm is None:  # print_config and other commands
-        return {}
-    specific = config["algorithm_specific"].get(command_name, {})
-    kwargs = {**config["algorithm_kwargs"], **specific.get("algorithm_kwargs", {})}
-    kwargs = {k: v for k, v in kwargs.items() if k not in _STRIPPED}
-    config_checks.check_keywords(
-        "algorithm_kwargs", kwargs, algorithm, (*_SCRIPT_ARGUMENTS, "custom_logger")
-    )
-    # The constructors' own checks, each message naming algorithm_kwargs.<key>.
-    arguments.check_arguments(kwargs, "algorithm_kwargs.")
-    config_checks.warn_budget_beyond_machine(
-        logger, "algorithm_kwargs.memory_budget", kwargs.get("memory_budget")
-    )
+    """Config hook: ``algorithm_kwargs`` are valid arguments of AIRL or GAIL, by key.
+
+    Other commands (``print_config``) check them as both algorithms would get them.
+    """
+    trains = command_name in ALGORITHMS
+    for name in [command_name] if trains else list(ALGORITHMS):
+        algorithm = ALGORITHMS[name]
+        specific = config["algorithm_specific"].get(name, {})
+        kwargs = {**config["algorithm_kwargs"], **specific.get("algorithm_kwargs", {})}
+        kwargs = {k: v for k, v in kwargs.items() if k not in _STRIPPED}
+        config_checks.check_keywords(
+            "algorithm_kwargs", kwargs, algorithm, (*_SCRIPT_ARGUMENTS, "custom_logger")
+        )
+        # The constructors' own checks, each message naming algorithm_kwargs.<key>.
+        arguments.check_arguments(kwargs, "algorithm_kwargs.")
+        make_optimizer = config_checks.disc_optimizer(kwargs, algorithm)
+        # imitation's AdversarialTrainer moves the reward net to the agent's device.
+        config_checks.check_on_device(
+            kwargs,
+            "algorithm_kwargs.",
+            "rl.rl_kwargs.device",
+            config["rl"]["rl_kwargs"].get("device", "auto"),
+            trains,
+            logger,
+        )
     config_checks.check_counts(config, ("total_timesteps",))
-    config_checks.check_reward_ingredient(config, command_name)
+    if trains:
+        config_checks.check_reward_ingredient(config, command_name)
+        config_checks.check_budget_holds_net(
+            config,
+            command_name,
+            "algorithm_kwargs.memory_budget",
+            kwargs.get("memory_budget"),
+            make_optimizer,
+        )
     return {}
 
 

@@ -17,6 +17,7 @@ the reward net (``checkpoints/final/reward_net.pt``), the agent, logs and
 
 from typing import Any, Dict
 
+from imitation.algorithms import preference_comparisons as pc
 from imitation.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex as imitation_ex,
 )
@@ -33,8 +34,13 @@ train_preference_comparisons_ex.add_alternatives(
     "reward_trainer_kwargs", "minibatch_size", "memory_budget"
 )
 train_preference_comparisons_ex.config_hook(config_checks.check_environment)
+train_preference_comparisons_ex.config_hook(config_checks.check_run_settings)
 
 _TRAINER_OWN_ARGUMENTS = ("preference_model", "loss", "rng", "custom_logger")
+#: Arguments imitation's script passes the gatherer and fragmenter itself.
+_SET_BY_SCRIPT = ("rng", "custom_logger")
+#: Top-level keys that take only True or False.
+_BOOLEANS = ("save_preferences", "active_selection", "allow_variable_horizon")
 #: Top-level keys that are positive whole numbers.
 _COUNTS = (
     "total_timesteps",
@@ -49,7 +55,11 @@ _COUNTS = (
 def check_reward_trainer_kwargs(
     config: Dict[str, Any], command_name: str, logger: Any
 ) -> Dict[str, Any]:
-    """Config hook: trainer arguments and counts are valid, named by key if not."""
+    """Config hook: the experiment's keys are valid, named by key if not.
+
+    Trainer, gatherer and fragmenter arguments, counts, bools, the query schedule,
+    the reward net's arguments, and what the training device must allow.
+    """
     config_checks.check_reward_trainer_kwargs(
         config["reward_trainer_kwargs"],
         imitation_accum.CrossEntropyRewardTrainer,
@@ -60,7 +70,59 @@ def check_reward_trainer_kwargs(
     config_checks.check_counts(config, _COUNTS)
     for key in ("initial_comparison_frac", "exploration_frac"):
         _validation.probability(key, config[key])
+    for key in _BOOLEANS:
+        _validation.boolean(key, config[key])
+    schedule = config["query_schedule"]
+    if not callable(schedule) and schedule not in pc.QUERY_SCHEDULES:
+        raise ValueError(
+            f"query_schedule={schedule!r} must be one of "
+            f"{', '.join(map(repr, pc.QUERY_SCHEDULES))} or a function"
+        )
+    gatherer_cls = config["gatherer_cls"]
+    if not (
+        isinstance(gatherer_cls, type)
+        and issubclass(gatherer_cls, pc.PreferenceGatherer)
+    ):
+        raise ValueError(
+            f"gatherer_cls={gatherer_cls!r} must be a PreferenceGatherer class"
+        )
+    config_checks.check_keywords(
+        "gatherer_kwargs", config["gatherer_kwargs"], gatherer_cls, _SET_BY_SCRIPT
+    )
+    config_checks.check_keywords(
+        "fragmenter_kwargs",
+        config["fragmenter_kwargs"],
+        pc.RandomFragmenter,
+        _SET_BY_SCRIPT,
+    )
     config_checks.check_reward_ingredient(config, command_name)
+    trainer_kwargs = config["reward_trainer_kwargs"]
+    config_checks.check_checkpointing(
+        config,
+        command_name,
+        "reward_trainer_kwargs.activation_checkpointing",
+        trainer_kwargs.get("activation_checkpointing"),
+    )
+    trains = command_name == "train_preference_comparisons"
+    # Where imitation's script puts the reward net: on the agent's device.
+    config_checks.check_on_device(
+        trainer_kwargs,
+        "reward_trainer_kwargs.",
+        "rl.rl_kwargs.device",
+        config["rl"]["rl_kwargs"].get("device", "auto"),
+        trains,
+        logger,
+    )
+    if trains:
+        config_checks.check_budget_holds_net(
+            config,
+            command_name,
+            "reward_trainer_kwargs.memory_budget",
+            trainer_kwargs.get("memory_budget"),
+            config_checks.trainer_optimizer(
+                trainer_kwargs, imitation_accum.CrossEntropyRewardTrainer
+            ),
+        )
     return {}
 
 

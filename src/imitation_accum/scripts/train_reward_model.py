@@ -165,6 +165,8 @@ def _check_config(
     ``dataset_path`` is required only to train (not for ``print_config``).
     """
     trains = command_name == "train_reward_model"
+    _validation.boolean("trust_pickle", config["trust_pickle"])
+    config_checks.check_run_settings(config, command_name, logger)
     path = config["dataset_path"]
     if path is None and trains:
         raise ValueError(
@@ -208,6 +210,32 @@ def _check_config(
                 f"device={config['device']!r} is not a device: give 'auto', 'cpu', "
                 "'cuda' or 'cuda:N'"
             ) from error
+    config_checks.check_on_device(
+        trainer_kwargs,
+        "reward_trainer_kwargs.",
+        "device",
+        config["device"],
+        trains,
+        logger,
+    )
+    if trains:
+        config_checks.check_budget_holds_net(
+            config,
+            "train_reward_model",
+            "reward_trainer_kwargs.memory_budget",
+            trainer_kwargs.get("memory_budget"),
+            config_checks.trainer_optimizer(
+                trainer_kwargs,
+                distributed.DistributedRewardTrainer,
+                _optimizer_class(trainer_kwargs.get("optimizer_cls", "AdamW")),
+            ),
+        )
+    config_checks.check_checkpointing(
+        config,
+        "train_reward_model",
+        "reward_trainer_kwargs.activation_checkpointing",
+        trainer_kwargs.get("activation_checkpointing"),
+    )
     distributed.process_group.check_timeout(
         "collective_timeout_s", config["collective_timeout_s"]
     )
