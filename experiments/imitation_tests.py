@@ -28,6 +28,7 @@ It writes ``imitation_tests.md`` to ``--out-dir`` (default: ``docs/results/``, o
 """
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -181,70 +182,126 @@ def pytest_configure(config: Any) -> None:
 # The runs ---------------------------------------------------------------------
 
 
-def run(
-    imitation: Path, modules: List[str], patched: bool, quick: bool, cache_dir: Path
-) -> Dict[str, str]:
-    """Runs ``modules`` in one pytest process; returns each test's outcome."""
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.xml"
-        command = [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "imitation_tests",
-            "-o",
-            "addopts=",
-            "-o",
-            f"cache_dir={cache_dir / 'pytest_cache'}",
-            f"--junitxml={report}",
-        ]
-        if patched:
-            command.append("--accum-patch")
-        selections = [MODULES[module] for module in modules]
-        if quick:
-            command += ["-k", QUICK]
-            command += modules
-        elif all(selection is None for selection in selections):
-            command += modules
-        else:
-            # One -k for all: each module's own selection, scoped by its file name.
-            terms = [
-                f"({Path(module).stem} and ({selection}))"
-                if selection
-                else Path(module).stem
-                for module, selection in zip(modules, selections)
-            ]
-            command += ["-k", " or ".join(terms), *modules]
-        path = [str(EXPERIMENTS), os.environ.get("PYTHONPATH", "")]
-        env = dict(
-            os.environ,
-            HF_HUB_OFFLINE="1",
-            PYTHONPATH=os.pathsep.join(p for p in path if p),
-            **{CACHE_ENV: str(cache_dir)},
-        )
-        subprocess.run(command, cwd=imitation, env=env, check=False)
-        return outcomes(report)
+def pytest_command(
+    modules: List[str], patched: bool, quick: bool, cache_dir: Path, report: Path
+) -> List[str]:
+    """The pytest command line of one run, with :data:`MODULES`' selections."""
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "imitation_tests",
+        "-o",
+        "addopts=",
+        "-o",
+        f"cache_dir={cache_dir / 'pytest_cache'}",
+        f"--junitxml={report}",
+    ]
+    if patched:
+        command.append("--accum-patch")
+    selections = [MODULES[module] for module in modules]
+    if quick:
+        return [*command, "-k", QUICK, *modules]
+    if all(selection is None for selection in selections):
+        return [*command, *modules]
+    # One -k for all: each module's own selection, scoped by its file name.
+    terms = [
+        f"({Path(module).stem} and ({selection}))" if selection else Path(module).stem
+        for module, selection in zip(modules, selections)
+    ]
+    return [*command, "-k", " or ".join(terms), *modules]
 
 
-def outcomes(report: Path) -> Dict[str, str]:
-    """``test id -> passed | failed | error | skipped`` from a JUnit XML report."""
-    result: Dict[str, str] = {}
+Outcomes = Dict[str, str]
+
+
+def run_both(
+    imitation: Path,
+    modules: List[str],
+    quick: bool,
+    cache_dir: Path,
+    parallel_envs: bool = False,
+) -> Dict[str, Tuple[Outcomes, Outcomes, float]]:
+    """Runs ``modules`` upstream and patched, two pytest processes side by side.
+
+    Side by side because each is one process on one thread (imitation's conftest
+    makes torch single-threaded): two halve the wall time on two cores.
+
+    Without ``parallel_envs``, test_adversarial.py's trainers run on
+    single-process environments only, as under imitation's coverage runs (its
+    ``PARALLEL = [False] if IN_CODECOV``, keyed on ``COV_CORE_CONFIG``): the
+    ``SubprocVecEnv`` half of its parametrised trainer tests starts worker
+    processes per test and exercises the same discriminator code.
+
+    Returns:
+        Per mode (``upstream``, ``patched``): each test's outcome, the first line
+        of each failure's or error's message, and the run's wall time in seconds.
+    """
+    path = [str(EXPERIMENTS), os.environ.get("PYTHONPATH", "")]
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join(p for p in path if p),
+        **{CACHE_ENV: str(cache_dir)},
+    )
+    if not parallel_envs:
+        env["COV_CORE_CONFIG"] = ""
+    result: Dict[str, Tuple[Outcomes, Outcomes, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as logs:
+        started = {}
+        for mode in ("upstream", "patched"):
+            report, log = Path(tmp) / f"{mode}.xml", Path(tmp) / f"{mode}.log"
+            command = pytest_command(
+                modules, mode == "patched", quick, cache_dir, report
+            )
+            process = subprocess.Popen(
+                command,
+                cwd=imitation,
+                env=env,
+                stdout=logs.enter_context(log.open("w")),
+                stderr=subprocess.STDOUT,
+            )
+            started[mode] = (process, report, log, time.perf_counter())
+        ended: Dict[str, float] = {}
+        while len(ended) < len(started):
+            for mode, (process, _, _, _) in started.items():
+                if mode not in ended and process.poll() is not None:
+                    ended[mode] = time.perf_counter()
+            time.sleep(0.2)
+        for mode, (_, report, log, start) in started.items():
+            tail = log.read_text().splitlines()[-3:]
+            print(f"{mode}:", *tail, sep="\n", flush=True)
+            result[mode] = (*outcomes(report), ended[mode] - start)
+    return result
+
+
+def outcomes(report: Path) -> Tuple[Outcomes, Outcomes]:
+    """Each test's outcome and each failure's message, from a JUnit XML report.
+
+    Returns:
+        ``test id -> passed | failed | error | skipped``, and ``test id -> first
+        line of its message`` for failures and errors.
+    """
+    result: Outcomes = {}
+    messages: Outcomes = {}
     if not report.exists():
-        return result
+        return result, messages
     for case in ElementTree.parse(report).iter("testcase"):
         node = f"{case.get('classname')}::{case.get('name')}"
-        kinds = {child.tag for child in case}
-        if "error" in kinds:
-            result[node] = "error"
-        elif "failure" in kinds:
-            result[node] = "failed"
-        elif "skipped" in kinds:
-            result[node] = "skipped"
+        kinds = {child.tag: child for child in case}
+        for kind, outcome in (("error", "error"), ("failure", "failed")):
+            if kind in kinds:
+                result[node] = outcome
+                message = kinds[kind].get("message") or ""
+                messages[node] = (
+                    message.strip().splitlines()[0][:300] if message else ""
+                )
+                break
         else:
-            result[node] = "passed"
-    return result
+            result[node] = "skipped" if "skipped" in kinds else "passed"
+    return result, messages
 
 
 def module_of(node: str, modules: List[str]) -> str:
@@ -271,6 +328,11 @@ def main() -> None:
         default=DEFAULT_CACHE_DIR,
         help="the stand-in experts and pytest's cache (default: %(default)s)",
     )
+    parser.add_argument(
+        "--parallel-envs",
+        action="store_true",
+        help="also test_adversarial.py's trainer tests on SubprocVecEnv (48 more)",
+    )
     _results.add_out_dir(parser)
     args = parser.parse_args()
     out_dir = _results.resolve_out_dir(args)
@@ -282,19 +344,11 @@ def main() -> None:
     if not modules:
         parser.error(f"--imitation: {args.imitation} holds none of {list(MODULES)}")
     cache_dir = args.cache_dir.resolve()
-    runs: Dict[str, Dict[str, str]] = {}
-    seconds: Dict[str, float] = {}
-    for name in ("upstream", "patched"):
-        start = time.perf_counter()
-        runs[name] = run(
-            args.imitation.resolve(),
-            modules,
-            patched=name == "patched",
-            quick=args.quick,
-            cache_dir=cache_dir,
-        )
-        seconds[name] = time.perf_counter() - start
-    upstream, patched = runs["upstream"], runs["patched"]
+    runs = run_both(
+        args.imitation.resolve(), modules, args.quick, cache_dir, args.parallel_envs
+    )
+    upstream, _, up_s = runs["upstream"]
+    patched, reasons, patched_s = runs["patched"]
     rows: List[str] = []
     for module in modules:
         selection = MODULES[module]
@@ -305,7 +359,7 @@ def main() -> None:
         ]
         rows.append(f"| {shown} | {cells[0]} | {cells[1]} |")
     regressions = [
-        (node, patched.get(node, "not run"))
+        (node, patched.get(node, "not run"), reasons.get(node, ""))
         for node, outcome in upstream.items()
         if outcome == "passed" and patched.get(node) != "passed"
     ]
@@ -314,18 +368,28 @@ def main() -> None:
         "",
         "Offline; the two hub experts are local stand-ins trained by imitation's "
         "`train_rl` (see `experiments/imitation_tests.py`); ray's parallel script "
-        "tests are left out (ray workers never see `patch()`).",
+        "tests are left out (ray workers never see `patch()`)"
+        + (
+            "."
+            if args.parallel_envs
+            else "; test_adversarial.py's trainers on single-process environments "
+            "only, as in imitation's coverage runs (without `--parallel-envs`)."
+        ),
         "",
         "| module | upstream: passed / failed / error / skipped | patched: "
         "passed / failed / error / skipped |",
         "|---|---|---|",
         *rows,
         "",
-        f"Wall time: upstream {seconds['upstream']:.0f} s, patched "
-        f"{seconds['patched']:.0f} s, one pytest process each, one worker.",
+        f"Wall time: upstream {up_s:.0f} s, patched {patched_s:.0f} s, one pytest "
+        "process each, both at once (no xdist), on the machine named below, "
+        "shared with other work.",
         "",
         f"Tests that pass upstream but not patched: {len(regressions)}",
-        *[f"- `{node}`: {outcome}" for node, outcome in regressions],
+        *[
+            f"- `{node}`: {outcome}" + (f": {reason}" if reason else "")
+            for node, outcome, reason in regressions
+        ],
     ]
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "imitation_tests.md"
