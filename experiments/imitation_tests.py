@@ -182,7 +182,7 @@ def pytest_configure(config: Any) -> None:
 # The runs ---------------------------------------------------------------------
 
 
-def pytest_command(
+def command_line(
     modules: List[str], patched: bool, quick: bool, cache_dir: Path, report: Path
 ) -> List[str]:
     """The pytest command line of one run, with :data:`MODULES`' selections."""
@@ -253,9 +253,7 @@ def run_both(
         started = {}
         for mode in ("upstream", "patched"):
             report, log = Path(tmp) / f"{mode}.xml", Path(tmp) / f"{mode}.log"
-            command = pytest_command(
-                modules, mode == "patched", quick, cache_dir, report
-            )
+            command = command_line(modules, mode == "patched", quick, cache_dir, report)
             process = subprocess.Popen(
                 command,
                 cwd=imitation,
@@ -270,9 +268,13 @@ def run_both(
                 if mode not in ended and process.poll() is not None:
                     ended[mode] = time.perf_counter()
             time.sleep(0.2)
-        for mode, (_, report, log, start) in started.items():
+        for mode, (process, report, log, start) in started.items():
             tail = log.read_text().splitlines()[-3:]
             print(f"{mode}:", *tail, sep="\n", flush=True)
+            # pytest's exit codes 2-5: interrupted, internal or usage error, or
+            # nothing collected; its counts would be empty, not a result.
+            if process.returncode not in (0, 1) or not report.is_file():
+                raise SystemExit(f"the {mode} run failed: {' / '.join(tail)}")
             result[mode] = (*outcomes(report), ended[mode] - start)
     return result
 
