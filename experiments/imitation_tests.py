@@ -53,8 +53,9 @@ MODULES: Dict[str, Any] = {
         " or double_normalization or cnn_policy) and not parallel"
     ),
 }
-#: ``-k`` expression of the quick mode: a handful of fast tests that need no
-#: expert; ``--quick`` runs only the first two modules.
+#: ``-k`` expression of the quick mode, which runs only the first two modules: a
+#: handful of fast tests; test_adversarial.py's need the CartPole stand-in (see
+#: :data:`EXPERTS`), trained on first use unless ``--cache-dir`` holds it.
 QUICK = (
     "test_trainer_no_crash or test_gradient_accumulation or test_train_disc_no_crash"
 )
