@@ -1,12 +1,20 @@
 """imitation 1.0.1's own tests, run on imitation alone and under ``patch()``.
 
-imitation's source distribution holds its tests; this runs its test modules for
-preference comparisons and adversarial training twice, in fresh processes:
-upstream (imitation's classes) and patched (``imitation_accum.patch()`` applied
-for the whole session by a pytest plugin), offline (``HF_HUB_OFFLINE=1``: tests
-that need experts from the model hub error in both runs). It writes one table:
-per module, the counts of each outcome in both runs, and every test that passes
-upstream but not patched.
+imitation's source distribution holds its tests; this runs, offline, its test
+modules for preference comparisons and adversarial training and the
+preference-comparison, adversarial and reward-loading tests of its scripts'
+module, twice, each in a fresh pytest process: upstream (imitation's classes)
+and patched (``imitation_accum.patch()`` applied for the whole session). It
+writes one table: per module, the counts of each outcome in both runs, and
+every test that passes upstream but not patched.
+
+The tests' fixtures load two expert policies from the HuggingFace model hub,
+which this machine cannot reach. This file is also the pytest plugin of both
+runs (``-p imitation_tests``): it answers the hub's loader for those two models
+only, with PPO policies trained here once by imitation's own ``train_rl``
+experiment into ``--cache-dir`` (under a file lock, so concurrent runs train
+once), and every other model still goes to the (offline) hub. pytest's cache,
+where imitation's fixtures keep the experts' rollouts, lives there too.
 
 Usage::
 
@@ -20,79 +28,292 @@ It writes ``imitation_tests.md`` to ``--out-dir`` (default: ``docs/results/``, o
 """
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
+import time
+import types
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 from xml.etree import ElementTree
 
 import _results
 
-MODULES = (
-    "tests/algorithms/test_preference_comparisons.py",
-    "tests/algorithms/test_adversarial.py",
-)
-#: ``-k`` expression of the quick mode: a handful of fast tests of each module.
+EXPERIMENTS = Path(__file__).resolve().parent
+#: Test modules of imitation's source tree, with the ``-k`` selection run of each
+#: (``None``: all of it). Of the scripts' tests, ray's parallel ones are left
+#: out: they run the experiments in ray workers, which ``patch()`` never reaches.
+MODULES: Dict[str, Any] = {
+    "tests/algorithms/test_preference_comparisons.py": None,
+    "tests/algorithms/test_adversarial.py": None,
+    "tests/scripts/test_scripts.py": (
+        "(preference_comparisons or adversarial or transfer_learning"
+        " or double_normalization or cnn_policy) and not parallel"
+    ),
+}
+#: ``-k`` expression of the quick mode, which runs only the first two modules: a
+#: handful of fast tests; test_adversarial.py's need the CartPole stand-in (see
+#: :data:`EXPERTS`), trained on first use unless ``--cache-dir`` holds it.
 QUICK = (
     "test_trainer_no_crash or test_gradient_accumulation or test_train_disc_no_crash"
 )
-
-PLUGIN = '''"""Applies imitation_accum.patch() for the whole pytest session."""
-
-
-def pytest_configure(config):
-    import imitation_accum
-
-    imitation_accum.patch()
-'''
-
-
-def run(imitation: Path, module: str, patched: bool, quick: bool) -> Dict[str, str]:
-    """Runs one test module; returns each test's outcome."""
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.xml"
-        plugin = Path(tmp) / "imitation_accum_session_patch.py"
-        plugin.write_text(PLUGIN)
-        command = [
-            sys.executable,
-            "-m",
-            "pytest",
-            module,
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-o",
-            "addopts=",
-            f"--junitxml={report}",
-        ]
-        if quick:
-            command += ["-k", QUICK]
-        if patched:
-            command += ["-p", plugin.stem]
-        env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=tmp)
-        subprocess.run(command, cwd=imitation, env=env, check=False)
-        return outcomes(report)
+#: The hub's models imitation's tests load -> the ``train_rl`` named config that
+#: trains the stand-in and its config updates. ``seals_cartpole`` is imitation's
+#: tuned PPO setting (100,000 steps). Only ``test_regression_gail_with_sac``
+#: (GPU only, skipped on a CPU) takes Pendulum rollouts, which need a policy
+#: that rolls out, not a good one: 2 of ``pendulum``'s 4096-step rollouts, not
+#: 200,000 steps. A stand-in is trained when a test first asks for it.
+EXPERTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
+    "HumanCompatibleAI/ppo-seals-CartPole-v0": ("seals_cartpole", {}),
+    "HumanCompatibleAI/ppo-Pendulum-v1": ("pendulum", {"total_timesteps": 8192}),
+}
+DEFAULT_CACHE_DIR = _results.REPO_ROOT / "output" / "experiments" / "imitation_experts"
+#: Environment variable by which the pytest runs learn the cache directory.
+CACHE_ENV = "IMITATION_ACCUM_EXPERT_CACHE"
 
 
-def outcomes(report: Path) -> Dict[str, str]:
-    """``test id -> passed | failed | error | skipped`` from a JUnit XML report."""
-    result: Dict[str, str] = {}
+# Experts ----------------------------------------------------------------------
+
+
+def expert_path(cache_dir: Path, repo_id: str) -> Path:
+    """The stand-in for hub model ``repo_id``: a PPO ``model.zip``, trained once.
+
+    Training runs imitation's ``train_rl`` experiment with the named config of
+    :data:`EXPERTS`, seed 0, in a scratch folder of ``cache_dir``; the policy is
+    then moved into place in one rename, under a file lock, so a concurrent run
+    waits for it and an interrupted one leaves nothing that looks finished.
+    """
+    from filelock import FileLock
+
+    named_config, updates = EXPERTS[repo_id]
+    folder = cache_dir / repo_id.replace("/", "--")
+    model = folder / "model.zip"
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder / "train.lock")):
+        if model.is_file():
+            return model
+        from imitation.scripts.train_rl import train_rl_ex
+
+        with tempfile.TemporaryDirectory(dir=folder) as scratch:
+            run = train_rl_ex.run(
+                named_configs=[named_config],
+                config_updates=dict(
+                    seed=0,
+                    logging=dict(log_dir=scratch),
+                    policy_save_interval=0,
+                    rollout_save_final=False,
+                    **updates,
+                ),
+            )
+            if run.status != "COMPLETED":
+                raise RuntimeError(f"training the stand-in for {repo_id}: {run.status}")
+            os.replace(Path(scratch) / "policies" / "final" / "model.zip", model)
+            (folder / "returns.txt").write_text(
+                f"imitation train_rl {named_config} {updates}: {run.result}\n"
+            )
+    return model
+
+
+def use_local_experts(cache_dir: Path) -> None:
+    """Answers the hub's loader from :func:`expert_path` for :data:`EXPERTS` only.
+
+    imitation's ``ppo-huggingface`` policies call ``huggingface_sb3.load_from_hub``
+    through the module, so wrapping that one function redirects them; any other
+    model goes to the real loader.
+    """
+    import huggingface_sb3
+
+    hub_loader = huggingface_sb3.load_from_hub
+
+    def load_from_hub(repo_id: str, filename: str) -> str:
+        if repo_id in EXPERTS:
+            return str(expert_path(cache_dir, repo_id))
+        return hub_loader(repo_id, filename)
+
+    huggingface_sb3.load_from_hub = load_from_hub
+
+
+def stand_in_ray() -> None:
+    """Puts empty ``ray`` modules in ``sys.modules`` when ray is not installed.
+
+    imitation's scripts' test module imports ``ray.tune`` (for its parallel
+    tests, deselected here) and ``imitation.scripts.parallel`` imports ray;
+    without ray the whole module fails to collect. The stand-in's attributes are
+    placeholders: anything that really uses ray fails.
+    """
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        return
+
+    class Placeholder(types.ModuleType):
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return lambda *args, **kwargs: None
+
+    for name in ("ray", "ray.tune", "ray.tune.search", "ray.tune.search.optuna"):
+        sys.modules[name] = Placeholder(name)
+    sys.modules["ray"].tune = sys.modules["ray.tune"]  # type: ignore[attr-defined]
+    sys.modules["ray.tune"].search = sys.modules["ray.tune.search"]  # type: ignore[attr-defined]
+
+
+# The pytest plugin ------------------------------------------------------------
+
+
+def pytest_addoption(parser: Any) -> None:
+    """``--accum-patch``: apply ``imitation_accum.patch()`` for the session."""
+    parser.addoption("--accum-patch", action="store_true", default=False)
+
+
+def pytest_configure(config: Any) -> None:
+    """Redirects the two experts, stands in for ray, and patches if asked."""
+    use_local_experts(Path(os.environ[CACHE_ENV]))
+    stand_in_ray()
+    if config.getoption("--accum-patch"):
+        import imitation_accum
+
+        imitation_accum.patch()
+
+
+# The runs ---------------------------------------------------------------------
+
+
+def command_line(
+    modules: List[str], patched: bool, quick: bool, cache_dir: Path, report: Path
+) -> List[str]:
+    """The pytest command line of one run, with :data:`MODULES`' selections."""
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "imitation_tests",
+        "-o",
+        "addopts=",
+        "-o",
+        f"cache_dir={cache_dir / 'pytest_cache'}",
+        f"--junitxml={report}",
+    ]
+    if patched:
+        command.append("--accum-patch")
+    selections = [MODULES[module] for module in modules]
+    if quick:
+        return [*command, "-k", QUICK, *modules]
+    if all(selection is None for selection in selections):
+        return [*command, *modules]
+    # One -k for all: each module's own selection, scoped by its file name.
+    terms = [
+        f"({Path(module).stem} and ({selection}))" if selection else Path(module).stem
+        for module, selection in zip(modules, selections)
+    ]
+    return [*command, "-k", " or ".join(terms), *modules]
+
+
+Outcomes = Dict[str, str]
+
+
+def run_both(
+    imitation: Path,
+    modules: List[str],
+    quick: bool,
+    cache_dir: Path,
+    parallel_envs: bool = False,
+) -> Dict[str, Tuple[Outcomes, Outcomes, float]]:
+    """Runs ``modules`` upstream and patched, two pytest processes side by side.
+
+    Side by side because each is one process on one thread (imitation's conftest
+    makes torch single-threaded): two halve the wall time on two cores.
+
+    Without ``parallel_envs``, test_adversarial.py's trainers run on
+    single-process environments only, as under imitation's coverage runs (its
+    ``PARALLEL = [False] if IN_CODECOV``, keyed on ``COV_CORE_CONFIG``): the
+    ``SubprocVecEnv`` half of its parametrised trainer tests starts worker
+    processes per test and exercises the same discriminator code.
+
+    Returns:
+        Per mode (``upstream``, ``patched``): each test's outcome, the first line
+        of each failure's or error's message, and the run's wall time in seconds.
+    """
+    path = [str(EXPERIMENTS), os.environ.get("PYTHONPATH", "")]
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join(p for p in path if p),
+        **{CACHE_ENV: str(cache_dir)},
+    )
+    if not parallel_envs:
+        env["COV_CORE_CONFIG"] = ""
+    result: Dict[str, Tuple[Outcomes, Outcomes, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as logs:
+        started = {}
+        for mode in ("upstream", "patched"):
+            report, log = Path(tmp) / f"{mode}.xml", Path(tmp) / f"{mode}.log"
+            command = command_line(modules, mode == "patched", quick, cache_dir, report)
+            process = subprocess.Popen(
+                command,
+                cwd=imitation,
+                env=env,
+                stdout=logs.enter_context(log.open("w")),
+                stderr=subprocess.STDOUT,
+            )
+            started[mode] = (process, report, log, time.perf_counter())
+        ended: Dict[str, float] = {}
+        while len(ended) < len(started):
+            for mode, (process, _, _, _) in started.items():
+                if mode not in ended and process.poll() is not None:
+                    ended[mode] = time.perf_counter()
+            time.sleep(0.2)
+        for mode, (process, report, log, start) in started.items():
+            tail = log.read_text().splitlines()[-3:]
+            print(f"{mode}:", *tail, sep="\n", flush=True)
+            # pytest's exit codes 2-5: interrupted, internal or usage error, or
+            # nothing collected; its counts would be empty, not a result.
+            if process.returncode not in (0, 1) or not report.is_file():
+                raise SystemExit(f"the {mode} run failed: {' / '.join(tail)}")
+            result[mode] = (*outcomes(report), ended[mode] - start)
+    return result
+
+
+def outcomes(report: Path) -> Tuple[Outcomes, Outcomes]:
+    """Each test's outcome and each failure's message, from a JUnit XML report.
+
+    Returns:
+        ``test id -> passed | failed | error | skipped``, and ``test id -> first
+        line of its message`` for failures and errors.
+    """
+    result: Outcomes = {}
+    messages: Outcomes = {}
     if not report.exists():
-        return result
+        return result, messages
     for case in ElementTree.parse(report).iter("testcase"):
         node = f"{case.get('classname')}::{case.get('name')}"
-        kinds = {child.tag for child in case}
-        if "error" in kinds:
-            result[node] = "error"
-        elif "failure" in kinds:
-            result[node] = "failed"
-        elif "skipped" in kinds:
-            result[node] = "skipped"
+        kinds = {child.tag: child for child in case}
+        for kind, outcome in (("error", "error"), ("failure", "failed")):
+            if kind in kinds:
+                result[node] = outcome
+                message = kinds[kind].get("message") or ""
+                messages[node] = (
+                    message.strip().splitlines()[0][:300] if message else ""
+                )
+                break
         else:
-            result[node] = "passed"
-    return result
+            result[node] = "skipped" if "skipped" in kinds else "passed"
+    return result, messages
+
+
+def module_of(node: str, modules: List[str]) -> str:
+    """The module of ``modules`` a JUnit test id (``tests.algorithms.x::y``) is in."""
+    dotted = node.split("::", 1)[0]
+    for module in modules:
+        if dotted.startswith(module[: -len(".py")].replace("/", ".")):
+            return module
+    return "other"
 
 
 def counts(results: Dict[str, str]) -> str:
@@ -104,30 +325,74 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--imitation", type=Path, required=True, help="sdist root")
     parser.add_argument("--quick", action="store_true", help="a few tests only")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=DEFAULT_CACHE_DIR,
+        help="the stand-in experts and pytest's cache (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--parallel-envs",
+        action="store_true",
+        help="also test_adversarial.py's trainer tests on SubprocVecEnv (48 more)",
+    )
     _results.add_out_dir(parser)
     args = parser.parse_args()
     out_dir = _results.resolve_out_dir(args)
+    if not (args.imitation / "tests").is_dir():
+        parser.error(f"--imitation: {args.imitation} has no tests/ folder")
+    modules = [m for m in MODULES if (args.imitation / m).is_file()]
+    if args.quick:
+        modules = [m for m in modules if MODULES[m] is None]
+    if not modules:
+        parser.error(f"--imitation: {args.imitation} holds none of {list(MODULES)}")
+    cache_dir = args.cache_dir.resolve()
+    runs = run_both(
+        args.imitation.resolve(), modules, args.quick, cache_dir, args.parallel_envs
+    )
+    upstream, _, up_s = runs["upstream"]
+    patched, reasons, patched_s = runs["patched"]
     rows: List[str] = []
-    regressions: List[Tuple[str, str]] = []
-    for module in MODULES:
-        upstream = run(args.imitation, module, patched=False, quick=args.quick)
-        patched = run(args.imitation, module, patched=True, quick=args.quick)
-        rows.append(f"| `{module}` | {counts(upstream)} | {counts(patched)} |")
-        regressions += [
-            (node, patched.get(node, "not run"))
-            for node, outcome in upstream.items()
-            if outcome == "passed" and patched.get(node) != "passed"
+    for module in modules:
+        selection = MODULES[module]
+        shown = f"`{module}`" + (f" (`-k {selection}`)" if selection else "")
+        cells = [
+            counts({n: o for n, o in mode.items() if module_of(n, modules) == module})
+            for mode in (upstream, patched)
         ]
+        rows.append(f"| {shown} | {cells[0]} | {cells[1]} |")
+    regressions = [
+        (node, patched.get(node, "not run"), reasons.get(node, ""))
+        for node, outcome in upstream.items()
+        if outcome == "passed" and patched.get(node) != "passed"
+    ]
     lines = [
         "# imitation 1.0.1's tests, upstream and under `imitation_accum.patch()`",
+        "",
+        "Offline; the two hub experts are local stand-ins trained by imitation's "
+        "`train_rl` (see `experiments/imitation_tests.py`); ray's parallel script "
+        "tests are left out (ray workers never see `patch()`)"
+        + (
+            "."
+            if args.parallel_envs
+            else "; test_adversarial.py's trainers on single-process environments "
+            "only, as in imitation's coverage runs (without `--parallel-envs`)."
+        ),
         "",
         "| module | upstream: passed / failed / error / skipped | patched: "
         "passed / failed / error / skipped |",
         "|---|---|---|",
         *rows,
         "",
+        f"Wall time: upstream {up_s:.0f} s, patched {patched_s:.0f} s, one pytest "
+        "process each, both at once (no xdist), on the machine named below, "
+        "shared with other work.",
+        "",
         f"Tests that pass upstream but not patched: {len(regressions)}",
-        *[f"- `{node}`: {outcome}" for node, outcome in regressions],
+        *[
+            f"- `{node}`: {outcome}" + (f": {reason}" if reason else "")
+            for node, outcome, reason in regressions
+        ],
     ]
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "imitation_tests.md"

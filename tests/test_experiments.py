@@ -512,9 +512,13 @@ def test_gpu_check_quick_on_the_cpu(tmp_path):
 
 
 # A stand-in for imitation's source tree: one test that passes in both runs, one
-# that passes only upstream (it sees the patched class), one that always errors.
+# that passes only upstream (it sees the patched class), one that always errors;
+# one that loads a hub expert (answered from the cache, a stand-in file here) and
+# a model the script does not train (offline: the hub's error) and uses pytest's
+# cache; and a scripts' module that imports ray, whose parallel and other tests
+# the script deselects.
 STAND_IN_TESTS = {
-    "test_preference_comparisons.py": """
+    "algorithms/test_preference_comparisons.py": """
 import pytest
 from imitation.algorithms import preference_comparisons as pc
 
@@ -535,26 +539,76 @@ def expert():
 def test_needs_the_hub(expert):
     pass
 """,
-    "test_adversarial.py": """
+    "algorithms/test_adversarial.py": """
+import os
+
+import huggingface_sb3
+import pytest
+
+
 def test_passes_everywhere():
     assert True
+
+
+def test_hub_experts_are_local(pytestconfig):
+    path = huggingface_sb3.load_from_hub(
+        "HumanCompatibleAI/ppo-seals-CartPole-v0", "ppo-seals-CartPole-v0.zip"
+    )
+    assert open(path).read() == "stand-in"
+    with pytest.raises(Exception, match="offline|connection|cannot find"):
+        huggingface_sb3.load_from_hub(
+            "HumanCompatibleAI/ppo-seals-Ant-v0", "ppo-seals-Ant-v0.zip"
+        )
+    cache = os.environ["IMITATION_ACCUM_EXPERT_CACHE"]
+    assert str(pytestconfig.cache.makedir("experts")).startswith(cache)
+""",
+    "scripts/test_scripts.py": """
+import ray.tune as tune
+
+from imitation.scripts import parallel
+
+SPACE = tune.choice([1, 2])
+
+
+def test_train_adversarial():
+    assert parallel.parallel_ex is not None
+
+
+def test_transfer_learning():
+    pass
+
+
+def test_parallel_train_adversarial_custom_env():
+    raise AssertionError("deselected: ray")
+
+
+def test_train_bc_main():
+    raise AssertionError("deselected: not preference, adversarial or reward")
 """,
 }
 
 
 def test_imitation_tests_counts_and_names_regressions(tmp_path):
     source = tmp_path / "imitation-1.0.1"
-    algorithms = source / "tests" / "algorithms"
-    algorithms.mkdir(parents=True)
+    (source / "tests").mkdir(parents=True)
     (source / "tests" / "__init__.py").write_text("")
-    (algorithms / "__init__.py").write_text("")
     for name, text in STAND_IN_TESTS.items():
-        (algorithms / name).write_text(text)
+        (source / "tests" / name).parent.mkdir(exist_ok=True)
+        (source / "tests" / name).parent.joinpath("__init__.py").write_text("")
+        (source / "tests" / name).write_text(text)
+    cache = tmp_path / "cache"
+    expert = cache / "HumanCompatibleAI--ppo-seals-CartPole-v0" / "model.zip"
+    expert.parent.mkdir(parents=True)
+    expert.write_text("stand-in")
     out = tmp_path / "out"
-    run_script("imitation_tests.py", out, "--imitation", str(source))
+    args = ("--imitation", str(source), "--cache-dir", str(cache))
+    run_script("imitation_tests.py", out, *args)
     text = read(out / "imitation_tests.md")
-    rows = table(text, ["module", "upstream: passed / failed / error / skipped"], 2)
+    rows = table(text, ["module", "upstream: passed / failed / error / skipped"], 3)
     assert rows[0][1:] == ["2 / 0 / 1 / 0", "1 / 1 / 1 / 0"]
-    assert rows[1][1:] == ["1 / 0 / 0 / 0", "1 / 0 / 0 / 0"]
+    assert rows[1][1:] == ["2 / 0 / 0 / 0", "2 / 0 / 0 / 0"]
+    assert rows[2][0].startswith("`tests/scripts/test_scripts.py` (`-k ")
+    assert rows[2][1:] == ["2 / 0 / 0 / 0", "2 / 0 / 0 / 0"]
     assert "Tests that pass upstream but not patched: 1" in text
     assert "test_upstream_class`: failed" in text
+    assert (cache / "pytest_cache").is_dir()
