@@ -1,6 +1,12 @@
 """The learned reward batched per rollout equals imitation's per-step path."""
 
+import importlib
 import logging
+import os
+import pathlib
+import re
+import subprocess
+import sys
 from typing import Any, Callable, Dict, List, Tuple
 
 import gymnasium as gym
@@ -56,9 +62,10 @@ def _pong_venv() -> vec_env.VecEnv:
 
 
 def _reward_net(venv: vec_env.VecEnv, normalized: bool) -> reward_nets.RewardNet:
-    if isinstance(venv.observation_space, gym.spaces.Box) and len(
-        venv.observation_space.shape
-    ) == 3:
+    if (
+        isinstance(venv.observation_space, gym.spaces.Box)
+        and len(venv.observation_space.shape) == 3
+    ):
         net: reward_nets.RewardNet = reward_nets.CnnRewardNet(
             venv.observation_space, venv.action_space, use_next_state=True
         )
@@ -104,7 +111,7 @@ def _collect(
         )
     else:  # imitation's own wrapper, seeing the learned reward through a spy
         wrapper = reward_wrapper.RewardVecEnvWrapper(venv, spy)
-    algo = PPO("MlpPolicy", wrapper, n_steps=N_STEPS, batch_size=16, seed=0)
+    algo = PPO("MlpPolicy", wrapper, n_steps=N_STEPS, batch_size=16, n_epochs=1, seed=0)
     callback = wrapper.make_log_callback()
     _, callback = algo._setup_learn(N_STEPS * N_ENVS * rollouts, callback)
     callback.on_training_start(locals(), globals())
@@ -132,9 +139,7 @@ def _collect(
     }
 
 
-def _assert_close(
-    actual: np.ndarray, expected: np.ndarray, scale: float = 0.0
-) -> None:
+def _assert_close(actual: np.ndarray, expected: np.ndarray, scale: float = 0.0) -> None:
     # Float round-off, relative to the rewards' scale.
     scale = max(1.0, scale, float(np.abs(expected).max()))
     np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-5 * scale)
@@ -196,7 +201,7 @@ def test_call_size() -> None:
     wrapper = rollout_reward.RewardVecEnvWrapper(
         venv, net.predict_processed, call_size=20
     )
-    algo = PPO("MlpPolicy", wrapper, n_steps=N_STEPS, batch_size=16, seed=0)
+    algo = PPO("MlpPolicy", wrapper, n_steps=N_STEPS, batch_size=16, n_epochs=1, seed=0)
     algo.learn(N_STEPS * N_ENVS, callback=wrapper.make_log_callback())
     assert forwards == [20, 20, 20, 4]  # whole steps of 2 envs, 20 a call
 
@@ -223,7 +228,9 @@ def test_off_policy_and_reward_reading_wrappers_keep_per_step(
     venv = _cartpole_venv()
     wrapper = rollout_reward.RewardVecEnvWrapper(venv, net.predict_processed)
     normalized = vec_env.VecNormalize(wrapper, norm_obs=False, norm_reward=True)
-    algo = PPO("MlpPolicy", normalized, n_steps=N_STEPS, batch_size=16, seed=0)
+    algo = PPO(
+        "MlpPolicy", normalized, n_steps=N_STEPS, batch_size=16, n_epochs=1, seed=0
+    )
     forwards.clear()
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=rollout_reward.__name__):
@@ -238,7 +245,7 @@ def test_switch_off_is_imitations_path(caplog: pytest.LogCaptureFixture) -> None
     forwards = _count_forwards(net)
     wrapper = rollout_reward.RewardVecEnvWrapper(venv, net.predict_processed)
     wrapper.batched = False  # read when learn() starts
-    algo = PPO("MlpPolicy", wrapper, n_steps=N_STEPS, batch_size=16, seed=0)
+    algo = PPO("MlpPolicy", wrapper, n_steps=N_STEPS, batch_size=16, n_epochs=1, seed=0)
     with caplog.at_level(logging.INFO, logger=rollout_reward.__name__):
         algo.learn(N_STEPS * N_ENVS, callback=wrapper.make_log_callback())
     assert forwards == [N_ENVS] * N_STEPS
@@ -269,7 +276,7 @@ def _agent_trainer(cls: type, rng: np.random.Generator) -> Tuple[Any, Spy]:
     net = _reward_net(venv, normalized=True)
     spy = Spy(net.base.predict_processed)
     net.base.predict_processed = spy  # type: ignore[method-assign]
-    algo = PPO("MlpPolicy", venv, n_steps=N_STEPS, batch_size=16, seed=0)
+    algo = PPO("MlpPolicy", venv, n_steps=N_STEPS, batch_size=16, n_epochs=1, seed=0)
     return cls(algo, net, venv, rng), spy
 
 
@@ -316,9 +323,67 @@ def test_buffering_wrapper_still_records_env_rewards() -> None:
     venv = wrappers.BufferingWrapper(_cartpole_venv())
     net = _reward_net(venv, normalized=False)
     wrapper = rollout_reward.RewardVecEnvWrapper(venv, net.predict_processed)
-    algo = PPO("MlpPolicy", wrapper, n_steps=N_STEPS, batch_size=16, seed=0)
+    algo = PPO("MlpPolicy", wrapper, n_steps=N_STEPS, batch_size=16, n_epochs=1, seed=0)
     algo.learn(N_STEPS * N_ENVS, callback=wrapper.make_log_callback())
     trajectories, _ = venv.pop_finished_trajectories()
     assert trajectories
     for traj in trajectories:
         np.testing.assert_array_equal(traj.rews, np.ones(len(traj)))
+
+
+@pytest.mark.parametrize(
+    "script", ["train_preference_comparisons", "train_adversarial"]
+)
+def test_config_key_is_checked_before_training(script: str) -> None:
+    module = importlib.import_module(f"imitation_accum.scripts.{script}")
+    ex = getattr(module, f"{script}_ex")
+    assert ex.run("print_config").config[rollout_reward.CONFIG_KEY] is True
+    with pytest.raises(TypeError, match="batched_rollout_reward must be a bool"):
+        ex.run("print_config", config_updates={rollout_reward.CONFIG_KEY: "no"})
+
+
+def test_config_key_sets_the_run_and_unpatch_restores() -> None:
+    from imitation_accum.scripts.train_preference_comparisons import (
+        train_preference_comparisons_ex as ex,
+    )
+
+    seen = []
+    ex.pre_run_hooks.append(
+        ex.capture(lambda: seen.append(rollout_reward.RewardVecEnvWrapper.batched))
+    )
+    try:
+        ex.run("print_config", config_updates={rollout_reward.CONFIG_KEY: False})
+    finally:
+        ex.pre_run_hooks.pop()
+    assert seen == [False]
+    assert rollout_reward.RewardVecEnvWrapper.batched is True
+
+
+@pytest.mark.expensive
+def test_bench_quick(tmp_path: Any) -> None:
+    # The experiment's --quick run (about 30 s on two shared cores).
+    repo = pathlib.Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [
+            sys.executable,
+            "experiments/bench_rollout_reward.py",
+            "--quick",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        cwd=repo,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = (tmp_path / "bench_rollout_reward.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| per step")]
+    rows += [line for line in text.splitlines() if line.startswith("| batched")]
+    assert len(rows) == 2, text
+    assert "Whole run, per step / batched: " in text
+    assert re.search(
+        r"^Made by: `python experiments/bench_rollout_reward\.py --quick", text, re.M
+    )

@@ -143,6 +143,9 @@ def patch() -> None:
     hooks = reward.reward_ingredient.config_hooks
     hooks.append(_reward_config_hook)
     _undo.append(lambda: hooks.remove(_reward_config_hook))
+    from imitation_accum.integrations import rollout_reward
+
+    _undo.append(rollout_reward.restore_default)
 
 
 def unpatch() -> None:

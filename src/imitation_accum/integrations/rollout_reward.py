@@ -27,14 +27,14 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, cast
 
 import numpy as np
 import torch as th
+from gymnasium import spaces
 from imitation.algorithms import preference_comparisons
 from imitation.rewards import reward_nets, reward_wrapper
 from imitation.util import networks
-from gymnasium import spaces
 from stable_baselines3.common import buffers, on_policy_algorithm, vec_env
 
 from imitation_accum import _validation
@@ -73,9 +73,10 @@ def _check_bool(name: str, value: object) -> bool:
     return bool(value)
 
 
-def _stateless(net: reward_nets.RewardNet) -> bool:
+def _stateless(net: object) -> bool:
     # RewardNet's own predict_processed: predict_th in eval mode, no grad, no state.
-    return type(net).predict_processed is reward_nets.RewardNet.predict_processed
+    plain = reward_nets.RewardNet.predict_processed
+    return getattr(type(net), "predict_processed", None) is plain
 
 
 def _batchable_net(reward_fn: Callable[..., Any]) -> Optional[reward_nets.RewardNet]:
@@ -88,7 +89,8 @@ def _batchable_net(reward_fn: Callable[..., Any]) -> Optional[reward_nets.Reward
     if _stateless(net):
         return net
     normalized = reward_nets.NormalizedRewardNet.predict_processed
-    if type(net).predict_processed is normalized and _stateless(net.base):
+    base = getattr(net, "base", None)
+    if type(net).predict_processed is normalized and _stateless(base):
         return net
     return None
 
@@ -149,7 +151,7 @@ class RewardVecEnvWrapper(reward_wrapper.RewardVecEnvWrapper):
         super().__init__(venv, reward_fn, ep_history)
 
     def make_log_callback(self) -> reward_wrapper.WrappedRewardCallback:
-        """imitation's logging callback, also turning the batched path on in learn."""
+        """The episode-return logging callback; it also starts the batched path."""
         return _RolloutRewardCallback(self)
 
     # The per-step decision -------------------------------------------------------
@@ -214,6 +216,10 @@ class RewardVecEnvWrapper(reward_wrapper.RewardVecEnvWrapper):
 
     # Stepping --------------------------------------------------------------------
 
+    @property
+    def _acts(self) -> np.ndarray:
+        return cast(np.ndarray, self._actions)
+
     def step_wait(self) -> vec_env.base_vec_env.VecEnvStepReturn:
         """Steps; the learned reward is computed now, at rollout end, or not at all."""
         if isinstance(self.observation_space, spaces.Dict):
@@ -229,19 +235,23 @@ class RewardVecEnvWrapper(reward_wrapper.RewardVecEnvWrapper):
         )
         dones = np.asarray(dones, dtype=bool).reshape(len(dones))
         if self._steps is not None:
-            self._steps.append(_Step(self._old_obs, self._actions, next_obs, dones))
+            self._steps.append(
+                _Step(cast(np.ndarray, self._old_obs), self._acts, next_obs, dones)
+            )
             rews = np.zeros(len(dones), dtype=np.float32)
         elif self._discarding:  # these episodes' learned returns stay unknown
             self._partial[:] = True
             rews = np.zeros(len(dones), dtype=np.float32)
         else:
-            rews = self.reward_fn(self._old_obs, self._actions, next_obs, dones)
+            rews = self.reward_fn(
+                cast(np.ndarray, self._old_obs), self._acts, next_obs, dones
+            )
             if len(rews) != len(dones):
                 raise ValueError(
                     f"reward_fn returned {len(rews)} rewards for {len(dones)} envs"
                 )
             self._record_returns(rews, dones)
-        self._old_obs = obs
+        self._old_obs = obs  # type: ignore[assignment]
         for info, old_rew in zip(infos, old_rews):
             info["original_env_rew"] = old_rew
         return obs, rews, dones, infos
@@ -273,7 +283,9 @@ class RewardVecEnvWrapper(reward_wrapper.RewardVecEnvWrapper):
         steps, self._steps = self._steps or [], None
         net = _batchable_net(self.reward_fn)
         if net is None:  # reward_fn reassigned mid-learn: not batchable any more
-            rewards = [self.reward_fn(s.obs, s.acts, s.next_obs, s.dones) for s in steps]
+            rewards = [
+                self.reward_fn(s.obs, s.acts, s.next_obs, s.dones) for s in steps
+            ]
         else:
             rewards = _rollout_rewards(net, steps, self.call_size)
         for step, rews in zip(steps, rewards):
@@ -304,7 +316,7 @@ def _rollout_rewards(
     if not steps:
         return []
     normalized = isinstance(net, reward_nets.NormalizedRewardNet)
-    raw_net = net.base if normalized else net
+    raw_net = cast(reward_nets.RewardNet, net.base if normalized else net)
     n_envs = len(steps[0].dones)
     per_call = max(1, call_size // n_envs)
     raw: List[np.ndarray] = []
@@ -320,7 +332,7 @@ def _rollout_rewards(
     if not normalized:
         return raw
     # NormalizedRewardNet.predict_processed's own operations, step by step.
-    layer = net.normalize_output_layer
+    layer = cast(networks.BaseNorm, net.normalize_output_layer)
     out = []
     with networks.evaluating(net):
         for rews in raw:
@@ -381,6 +393,40 @@ class _RolloutRewardCallback(reward_wrapper.WrappedRewardCallback):
         self.wrapper._detach()
 
 
+#: The config key of the package's sacred experiments (default True): whether their
+#: runs batch the learned reward (:attr:`RewardVecEnvWrapper.batched`).
+CONFIG_KEY = "batched_rollout_reward"
+
+
+def add_config_key(ex: Any) -> None:
+    """Adds :data:`CONFIG_KEY` to sacred experiment ``ex``: checked, set per run.
+
+    Args:
+        ex: A sacred experiment run under ``patch()``.
+    """
+    ex.add_config({CONFIG_KEY: True})
+    ex.config_hook(_check_config_key)
+    ex.pre_run_hook(_use_config_key)
+
+
+def _check_config_key(
+    config: Dict[str, Any], command_name: str, logger: Any
+) -> Dict[str, Any]:
+    del command_name, logger
+    _check_bool(CONFIG_KEY, config.get(CONFIG_KEY, True))
+    return {}
+
+
+def _use_config_key(batched_rollout_reward: bool) -> None:
+    # For this run's wrappers; unpatch() restores the default.
+    RewardVecEnvWrapper.batched = batched_rollout_reward
+
+
+def restore_default() -> None:
+    """Sets :attr:`RewardVecEnvWrapper.batched` back to True (``unpatch()`` does)."""
+    RewardVecEnvWrapper.batched = True
+
+
 class AgentTrainer(preference_comparisons.AgentTrainer):
     """imitation's ``AgentTrainer``; ``sample()`` computes no learned reward.
 
@@ -389,7 +435,7 @@ class AgentTrainer(preference_comparisons.AgentTrainer):
     """
 
     def sample(self, steps: int) -> Any:
-        """imitation's ``sample``, its rollouts stepping without the reward net.
+        """As in imitation, its rollouts stepping without the reward net.
 
         Args:
             steps: Transitions to return, as in imitation.
