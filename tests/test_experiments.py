@@ -171,6 +171,7 @@ def test_every_script_is_tested_and_uses_docs_results():
         "bench_forward_size.py",
         "bench_memory.py",
         "bench_reward_trainer.py",
+        "bench_rollout_reward.py",  # tests/test_rollout_reward.py
         "frame_store.py",  # tests/test_frame_store_experiment.py
         "frame_store_verify.py",  # tests/test_frame_store_experiment.py
         "gpu_bench.py",  # tests/test_gpu_bench.py

@@ -40,17 +40,21 @@ def _replacements() -> Dict[_Target, Any]:
     from imitation.algorithms import preference_comparisons as pc
     from imitation.algorithms.adversarial import airl, gail
     from imitation.data import huggingface_utils
-    from imitation.rewards import serialize
+    from imitation.rewards import reward_wrapper, serialize
     from imitation.scripts.ingredients import reward as reward_ingredient
 
     import imitation_accum
-    from imitation_accum.integrations import demonstrations
+    from imitation_accum.integrations import demonstrations, rollout_reward
 
     return {
         (pc.__name__, "_make_reward_trainer"): imitation_accum.make_reward_trainer,
         (pc.__name__, "BasicRewardTrainer"): imitation_accum.CrossEntropyRewardTrainer,
         (pc.__name__, "EnsembleTrainer"): imitation_accum.EnsembleTrainer,
         (pc.__name__, "PreferenceDataset"): imitation_accum.PreferenceDataset,
+        (pc.__name__, "AgentTrainer"): rollout_reward.AgentTrainer,
+        (reward_wrapper.__name__, "RewardVecEnvWrapper"): (
+            rollout_reward.RewardVecEnvWrapper
+        ),
         (airl.__name__, "AIRL"): imitation_accum.AIRL,
         (gail.__name__, "GAIL"): imitation_accum.GAIL,
         (reward_ingredient.__name__, "_make_reward_net"): (
@@ -139,6 +143,9 @@ def patch() -> None:
     hooks = reward.reward_ingredient.config_hooks
     hooks.append(_reward_config_hook)
     _undo.append(lambda: hooks.remove(_reward_config_hook))
+    from imitation_accum.integrations import rollout_reward
+
+    _undo.append(rollout_reward.restore_default)
 
 
 def unpatch() -> None:

@@ -19,6 +19,7 @@ from imitation.scripts.train_adversarial import train_adversarial_ex as imitatio
 
 import imitation_accum
 from imitation_accum.adversarial import arguments
+from imitation_accum.integrations import rollout_reward
 from imitation_accum.scripts import config_checks, experiment, presets
 
 train_adversarial_ex = experiment.derive(imitation_ex, doc=__doc__)
@@ -38,6 +39,7 @@ train_adversarial_ex.add_alternatives(
     "algorithm_kwargs", "demo_minibatch_size", "minibatch_size", "memory_budget"
 )
 train_adversarial_ex.config_hook(config_checks.check_environment)
+rollout_reward.add_config_key(train_adversarial_ex)
 train_adversarial_ex.config_hook(config_checks.check_demonstrations)
 train_adversarial_ex.config_hook(config_checks.check_run_settings)
 

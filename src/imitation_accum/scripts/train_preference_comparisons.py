@@ -24,6 +24,7 @@ from imitation.scripts.train_preference_comparisons import (
 
 import imitation_accum
 from imitation_accum import _validation
+from imitation_accum.integrations import rollout_reward
 from imitation_accum.scripts import config_checks, experiment, presets
 
 train_preference_comparisons_ex = experiment.derive(imitation_ex, doc=__doc__)
@@ -35,6 +36,7 @@ train_preference_comparisons_ex.add_alternatives(
 )
 train_preference_comparisons_ex.config_hook(config_checks.check_environment)
 train_preference_comparisons_ex.config_hook(config_checks.check_run_settings)
+rollout_reward.add_config_key(train_preference_comparisons_ex)
 
 _TRAINER_OWN_ARGUMENTS = ("preference_model", "loss", "rng", "custom_logger")
 #: Arguments imitation's script passes the gatherer and fragmenter itself.
