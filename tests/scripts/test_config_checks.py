@@ -187,7 +187,7 @@ def test_trust_pickle_false_on_the_command_line_runs_no_pickle(crafted_pickle):
         (
             "reward_trainer_kwargs.optimizer_kwargs",
             {"weight_decay": -1},
-            r"optimizer_kwargs=\{'weight_decay': -1\}: AdamW refuses them: "
+            r"optimizer_kwargs\.weight_decay=-1 refused by AdamW: ValueError: "
             r"Invalid weight_decay value: -1",
         ),
         ("reward_trainer_kwargs.drop_last", "false", r"kwargs\.drop_last must be"),

@@ -6,11 +6,14 @@ written. The optimizer is built once (on a dummy parameter where the net's are n
 at hand), so that torch's own refusal of an argument is named here.
 """
 
+import inspect
 from typing import Any, Iterable, Mapping, Optional, Type
 
 import torch as th
 from imitation.regularization import regularizers
 from imitation.util import logger as imit_logger
+
+from imitation_accum import _validation
 
 
 def optimizer_class(name: str, value: object) -> Type[th.optim.Optimizer]:
@@ -59,9 +62,10 @@ def make_optimizer(
 
     Raises:
         TypeError: if ``optimizer_cls`` is not an optimizer class.
-        ValueError: if ``optimizer_kwargs`` is not a mapping or holds ``params``;
-            naming ``kwargs_name`` and the key the optimizer refuses (every key,
-            if no single one is refused on its own).
+        ValueError: if ``optimizer_kwargs`` is not a mapping, holds ``params`` or
+            an argument the class does not take (with near matches); naming
+            ``kwargs_name`` and the key the optimizer refuses (every key, if no
+            single one is refused on its own).
     """
     cls = optimizer_class(cls_name, optimizer_cls)
     if optimizer_kwargs is None:
@@ -74,6 +78,10 @@ def make_optimizer(
         raise ValueError(
             f"{kwargs_name}.params: the trainer passes the parameters itself"
         )
+    signature = inspect.signature(cls).parameters
+    if not any(p.kind == p.VAR_KEYWORD for p in signature.values()):
+        accepted = [name for name in signature if name not in ("self", "params")]
+        _validation.known_names(kwargs_name, optimizer_kwargs, accepted, cls.__name__)
     given = {**(defaults or {}), **optimizer_kwargs}
     try:
         return cls(params, **given)

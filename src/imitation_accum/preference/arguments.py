@@ -8,11 +8,11 @@ import inspect
 from typing import Any, Mapping, Optional
 
 import numpy as np
-import torch as th
 from imitation.algorithms import preference_comparisons as pc
 
 from imitation_accum import _validation
 from imitation_accum.engine import acceleration
+from imitation_accum.engine import arguments as engine_arguments
 from imitation_accum.planning import budget
 
 
@@ -100,51 +100,6 @@ def check_preference_model_values(
         _validation.positive_finite_float(f"{prefix}threshold", kwargs["threshold"])
 
 
-def check_optimizer_kwargs(
-    name: str,
-    value: object,
-    optimizer_cls: Optional[type],
-    lr: Optional[float] = None,
-) -> None:
-    """Checks ``optimizer_kwargs``: ``None`` or a dict of the optimizer's arguments.
-
-    The optimizer's own checks run on one scalar parameter (torch's optimizers
-    check their hyperparameters when built), so a value it would refuse fails
-    here, before anything is built.
-
-    Args:
-        name: The argument's name in messages (``...optimizer_kwargs``).
-        value: The optimizer's keyword arguments.
-        optimizer_cls: The optimizer class; ``None`` checks only that ``value`` is
-            a dict.
-        lr: The learning rate the trainer passes along with ``value``.
-
-    Raises:
-        ValueError: naming ``name`` and the argument the optimizer refuses.
-    """
-    if value is None:
-        return
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{name} must be None or a dict, got {value!r}")
-    if "params" in value:
-        raise ValueError(f"{name}.params: the trainer passes the parameters itself")
-    if optimizer_cls is None:
-        return
-    params = inspect.signature(optimizer_cls).parameters
-    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        accepted = [n for n in params if n not in ("self", "params")]
-        _validation.known_names(name, value, accepted, optimizer_cls.__name__)
-    if "lr" in value:
-        _validation.finite_float(f"{name}.lr", value["lr"], allow_zero=True)
-    arguments = {**({} if lr is None else {"lr": lr}), **value}
-    try:
-        optimizer_cls([th.nn.Parameter(th.zeros(1))], **arguments)
-    except (ValueError, TypeError) as error:
-        raise ValueError(
-            f"{name}={dict(value)!r}: {optimizer_cls.__name__} refuses them: {error}"
-        ) from error
-
-
 def check_trainer_values(
     kwargs: Mapping[str, Any],
     prefix: str = "",
@@ -195,9 +150,11 @@ def check_trainer_values(
         if flag in kwargs:
             _validation.boolean(f"{prefix}{flag}", kwargs[flag])
     _validation.optional_boolean(f"{prefix}two_pass", kwargs.get("two_pass"))
-    check_optimizer_kwargs(
-        f"{prefix}optimizer_kwargs",
-        kwargs.get("optimizer_kwargs"),
-        optimizer_cls,
-        kwargs.get("lr", 1e-3),
-    )
+    if optimizer_cls is not None:
+        engine_arguments.check_optimizer(
+            optimizer_cls,
+            kwargs.get("optimizer_kwargs"),
+            defaults={"lr": kwargs.get("lr", 1e-3)},
+            cls_name=f"{prefix}optimizer_cls",
+            kwargs_name=f"{prefix}optimizer_kwargs",
+        )

@@ -162,11 +162,10 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                 "progress_bar": progress_bar,
                 "activation_checkpointing": activation_checkpointing,
                 "two_pass": two_pass,
-                "optimizer_kwargs": optimizer_kwargs,
             },
-            optimizer_cls=optimizer_cls,
         )
-        # Built before imitation's constructor opens a default logger's files.
+        # Built (checking optimizer_kwargs) before imitation's constructor opens
+        # a default logger's files.
         optimizer = engine_arguments.make_optimizer(
             preference_model.parameters(),
             optimizer_cls,

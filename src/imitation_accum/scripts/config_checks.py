@@ -14,6 +14,7 @@ from imitation.util import networks
 
 from imitation_accum import _validation
 from imitation_accum.engine import acceleration
+from imitation_accum.engine import arguments as engine_arguments
 from imitation_accum.envs import atari
 from imitation_accum.nets import shaped
 from imitation_accum.planning import budget
@@ -312,7 +313,12 @@ def disc_optimizer(
             f"{prefix}disc_opt_cls={cls!r} must be a torch.optim optimizer class"
         )
     opt_kwargs = kwargs.get("disc_opt_kwargs")
-    arguments.check_optimizer_kwargs(f"{prefix}disc_opt_kwargs", opt_kwargs, cls)
+    engine_arguments.check_optimizer(
+        cls,
+        opt_kwargs,
+        cls_name=f"{prefix}disc_opt_cls",
+        kwargs_name=f"{prefix}disc_opt_kwargs",
+    )
     return functools.partial(cls, **(opt_kwargs or {}))
 
 
