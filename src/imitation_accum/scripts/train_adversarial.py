@@ -38,7 +38,17 @@ train_adversarial_ex.add_alternatives(
     "algorithm_kwargs", "demo_minibatch_size", "minibatch_size", "memory_budget"
 )
 train_adversarial_ex.config_hook(config_checks.check_environment)
-train_adversarial_ex.config_hook(config_checks.check_demonstrations)
+
+
+@train_adversarial_ex.config_hook
+def check_demonstrations(
+    config: Dict[str, Any], command_name: str, logger: Any
+) -> Dict[str, Any]:
+    """Config hook: training reads existing demonstrations (``print_config`` none)."""
+    if command_name not in ALGORITHMS:  # a config without data is still shown
+        return {}
+    return config_checks.check_demonstrations(config, command_name, logger)
+
 
 # Passed by imitation's script itself, or stripped by it before the constructor.
 _SCRIPT_ARGUMENTS = ("venv", "demonstrations", "gen_algo", "log_dir", "reward_net")
