@@ -24,7 +24,7 @@ def convert(source: pathlib.Path, target: pathlib.Path) -> PreferenceDataset:
     Raises:
         ValueError: naming ``source`` if it is not a pickled ``PreferenceDataset``.
     """
-    if not source.is_file():
+    if not source.exists():
         raise ValueError(f"{source}: no such file")
     original = read_imitation_pickle(source, str(source))
     dataset = PreferenceDataset(max_size=original.max_size)
