@@ -5,9 +5,10 @@ trainers, AIRL, GAIL and ``PreferenceDataset``; its reward ingredient builds CNN
 without ``normalize_input_layer``; ``data.serialize.load`` keeps uint8 frames uint8;
 ``rewards.serialize.load_reward`` allows the reward-net classes; imitation's
 ``PreferenceDataset.load`` also reads a frame store (what ``save`` writes while
-patched). A name imported from imitation before patching keeps imitation's object,
-except that ``load``. sacred's "Added new config entry" warnings for the entries
-of the ``rl_kwargs`` and ``reward.net_kwargs`` dicts are dropped.
+patched), and a pickle as imitation's class. A name imported from imitation before
+patching keeps imitation's object, except that ``load``. sacred's "Added new config
+entry" warnings for the entries of the ``rl_kwargs`` and ``reward.net_kwargs`` dicts
+are dropped.
 
 Example:
     >>> with imitation_accum.patched():  # doctest: +SKIP
