@@ -1,6 +1,7 @@
 """patch(), unpatch(), patched(): imitation's own code runs this package's trainers."""
 
 import csv
+import logging
 import pathlib
 import subprocess
 import sys
@@ -24,6 +25,8 @@ import imitation_accum
 from imitation_accum.adversarial import trainers as adversarial
 from imitation_accum.integrations import demonstrations
 from imitation_accum.integrations.patching import is_patched
+from imitation_accum.preference import dataset as dataset_module
+from tests import reference as ref
 
 TARGETS = [
     (pc, "_make_reward_trainer", imitation_accum.make_reward_trainer),
@@ -228,3 +231,52 @@ def test_presets_write_nothing_into_the_working_directory(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     assert presets.render(presets.PRESETS["pong_16gb"]).startswith("{")
     assert list(tmp_path.iterdir()) == []
+
+
+def saved_store(path: pathlib.Path) -> pathlib.Path:
+    """A frame store of 3 pairs, as save_preferences writes one while patched."""
+    original = ref.make_dataset(np.random.default_rng(0), 3)
+    store = imitation_accum.PreferenceDataset()
+    pairs = list(zip(original.fragments1, original.fragments2))
+    store.push(pairs, np.asarray(original.preferences, dtype=np.float32))
+    store.save(path)
+    return path
+
+
+def test_imitation_load_reads_a_store_while_patched(tmp_path):
+    store = saved_store(tmp_path / "preferences.pkl")
+    imitation_class = pc.PreferenceDataset  # imported before patching
+    with pytest.raises(IsADirectoryError):
+        imitation_class.load(store)
+    with imitation_accum.patched():
+        for load in (imitation_class.load, pc.PreferenceDataset.load):
+            loaded = load(store)
+            assert isinstance(loaded, imitation_accum.PreferenceDataset)
+            assert len(loaded) == 3
+    with pytest.raises(IsADirectoryError):  # unpatched: imitation's own again
+        imitation_class.load(store)
+
+
+def test_imitation_load_still_reads_its_pickles_while_patched(tmp_path):
+    path = tmp_path / "imitation.pkl"
+    ref.make_dataset(np.random.default_rng(0), 2).save(path)
+    imitation_class = pc.PreferenceDataset  # imported before patching
+    with imitation_accum.patched():
+        loaded = imitation_class.load(path)
+    assert type(loaded) is imitation_class
+    assert len(loaded) == 2
+
+
+def test_pickle_loader_says_how_to_load_a_store(tmp_path):
+    store = saved_store(tmp_path / "preferences.pkl")
+    with pytest.raises(ValueError, match=r"is a directory.*PreferenceDataset\.load"):
+        dataset_module.read_imitation_pickle(store, str(store))
+
+
+def test_kwargs_entry_warnings_are_dropped_only_while_patched():
+    message = 'Added new config entry: "rl_kwargs.n_epochs"'
+    record = logging.LogRecord("rl", logging.WARNING, "", 0, message, (), None)
+    rl_logger = logging.getLogger("rl")
+    with imitation_accum.patched():
+        assert not rl_logger.filter(record)
+    assert rl_logger.filter(record)

@@ -104,3 +104,17 @@ def test_full_dataset_is_kept_in_the_frame_store():
     store.push([(fragment(0), fragment(length))], np.array([0.5], np.float32))
     assert dataset == config["total_comparisons"] * store.nbytes["frames"]
     assert dataset < 8 * 10**9  # 7.3 GB where imitation's copies need 28.5 GB
+
+
+def test_table_has_a_header(capsys):
+    presets.main(["--table"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| preset |") and lines[1].startswith("|---|")
+    assert len(lines) == 2 + len(presets.PRESETS)
+    columns = lines[0].count("|")
+    assert all(line.count("|") == columns for line in lines)
+
+
+def test_quickstart_first_phase_is_short():
+    # imitation's initial_epoch_multiplier=200 made it most of the run.
+    assert presets.QUICKSTART.config()["initial_epoch_multiplier"] == 4

@@ -143,3 +143,32 @@ def test_atari_named_config(
     expected = CnnShapedRewardNet if algorithm == "airl" else reward_nets.CnnRewardNet
     assert any(isinstance(net, expected) for net in nets), nets
     assert nets[0].observation_space.shape == frame_shape
+
+
+def test_print_config_of_atari_pong_needs_no_demonstrations(capsys, tmp_path):
+    # atari_pong leaves demonstrations.path unset: showing the config is fine,
+    # training is not.
+    run = ex.run("print_config", named_configs=["atari_pong"])
+    assert run.status == "COMPLETED"
+    assert "demonstrations" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"needs demonstrations\.path"):
+        ex.run("airl", named_configs=["atari_pong", "fast"])
+
+
+def test_making_demonstrations_shows_progress(tmp_path, capsys):
+    demonstrations.make_demonstrations(
+        tmp_path / "demos",
+        gym_id="seals/CartPole-v0",
+        n_episodes=2,
+        max_episode_steps=5,
+    )
+    bar = capsys.readouterr().err
+    assert "Demonstrations" in bar and "2/2" in bar and "steps" in bar
+    demonstrations.make_demonstrations(
+        tmp_path / "quiet",
+        gym_id="seals/CartPole-v0",
+        n_episodes=2,
+        max_episode_steps=5,
+        progress_bar=False,
+    )
+    assert "Demonstrations" not in capsys.readouterr().err

@@ -58,8 +58,9 @@ def test_trainer_arguments_are_config_keys(tmp_path):
     assert rows[-1]["reward/final/train/forward_size"] == 4
 
 
-# The first reward training runs 200 epochs (imitation's initial_epoch_multiplier):
-# Pong's named config runs as is, the others with a narrower CNN to keep this fast.
+# The first reward training runs 5 epochs (the named configs'
+# initial_epoch_multiplier): Pong's named config runs as is, the others with a
+# narrower CNN to keep this fast.
 # The games' configs differ only in the environment: by default Pong, Space
 # Invaders and unwrapped Pong run; the other games with `-m expensive`.
 NARROW = {"net_kwargs": {"hid_channels": (4,)}}
@@ -132,3 +133,44 @@ def test_imitation_reward_ensemble_named_config(tmp_path):
     )
     assert isinstance(net.base, reward_nets.RewardEnsemble)
     helpers.assert_finite_losses(helpers.progress(run), "train/loss")
+
+
+def epochs_trained(run) -> int:
+    """Epochs of the run's longest reward-training phase, from its CSV keys."""
+    header = (helpers.log_dir(run) / "log" / "progress.csv").read_text().splitlines()
+    keys = header[0].split(",")
+    return 1 + max(
+        int(key.split("epoch-")[1].split("/")[0]) for key in keys if "/epoch-" in key
+    )
+
+
+def test_initial_epoch_multiplier_sets_the_first_phase(tmp_path):
+    run = helpers.run(
+        ex,
+        tmp_path,
+        ["fast"],
+        {"reward_trainer_kwargs": QUIET, "initial_epoch_multiplier": 3},
+    )
+    assert epochs_trained(run) == 3  # fast: epochs=1
+
+
+@pytest.mark.parametrize(
+    ("named_config", "multiplier"),
+    [("fast", 200), ("atari_pong", 5), ("atari_pong_unwrapped", 5)],
+)
+def test_named_configs_choose_the_first_phase(named_config, multiplier):
+    run = ex.run("print_config", named_configs=[named_config])
+    assert run.config["initial_epoch_multiplier"] == multiplier
+
+
+@pytest.mark.parametrize("value", [0, -1.0, "many", float("nan")])
+def test_bad_initial_epoch_multiplier_is_named(value):
+    with pytest.raises(ValueError, match="initial_epoch_multiplier"):
+        ex.run("print_config", config_updates={"initial_epoch_multiplier": value})
+
+
+def test_atari_named_configs_add_no_config_entry_warnings(caplog):
+    # Sacred warns of entries a named config adds to imitation's kwargs dicts.
+    ex.run("print_config", named_configs=["atari_pong"])
+    added = [r.getMessage() for r in caplog.records if "Added new config" in r.msg]
+    assert not added

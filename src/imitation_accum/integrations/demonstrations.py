@@ -14,6 +14,7 @@ from typing import Any, List, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
+import tqdm
 from imitation.data import huggingface_utils, rollout, serialize, types
 from imitation.policies import serialize as policies_serialize
 from imitation.util import util
@@ -76,20 +77,39 @@ class TrajectoryDatasetSequence(huggingface_utils.TrajectoryDatasetSequence):
 
 
 def rollout_demonstrations(
-    venv: vec_env.VecEnv, policy: Any, *, n_episodes: int, rng: np.random.Generator
+    venv: vec_env.VecEnv,
+    policy: Any,
+    *,
+    n_episodes: int,
+    rng: np.random.Generator,
+    progress_bar: bool = True,
 ) -> List[types.TrajectoryWithRew]:
     """Rolls ``policy`` (as imitation's ``rollout`` takes) out in ``venv``.
 
     At least ``n_episodes`` complete episodes, ``rng`` ordering them; without their
-    per-step ``infos``.
+    per-step ``infos``. ``progress_bar``: a tqdm bar of episodes and steps (stderr).
     """
-    trajectories = rollout.generate_trajectories(
-        policy,
-        venv,
-        rollout.make_sample_until(min_timesteps=None, min_episodes=n_episodes),
-        rng=rng,
-        deterministic_policy=False,
+    enough = rollout.make_sample_until(min_timesteps=None, min_episodes=n_episodes)
+    bar = tqdm.tqdm(
+        total=n_episodes,
+        desc="Demonstrations",
+        unit="episode",
+        disable=not progress_bar,
     )
+    steps = 0
+
+    def sample_until(trajectories: Sequence[types.TrajectoryWithRew]) -> bool:
+        # imitation calls this once per step of the venv, with the finished episodes.
+        nonlocal steps
+        steps += 1
+        bar.set_postfix_str(f"{steps * venv.num_envs} steps", refresh=False)
+        bar.update(min(len(trajectories), n_episodes) - bar.n)  # refresh throttled
+        return enough(trajectories)
+
+    with bar:
+        trajectories = rollout.generate_trajectories(
+            policy, venv, sample_until, rng=rng, deterministic_policy=False
+        )
     return [dataclasses.replace(traj, infos=None) for traj in trajectories]
 
 
@@ -102,6 +122,7 @@ def make_demonstrations(
     policy_path: Optional[str] = None,
     max_episode_steps: Optional[int] = None,
     seed: int = 0,
+    progress_bar: bool = True,
 ) -> Sequence[types.TrajectoryWithRew]:
     """Rolls a policy out in ``gym_id`` (built as imitation builds it) and saves it.
 
@@ -113,6 +134,7 @@ def make_demonstrations(
         policy_path: The saved policy for ``"ppo"`` or ``"sac"``.
         max_episode_steps: The fixed horizon; ``None`` keeps the environment's.
         seed: Seeds the environment and the rollout.
+        progress_bar: Show episodes and steps done (tqdm, on stderr).
 
     Returns:
         The saved trajectories.
@@ -125,7 +147,7 @@ def make_demonstrations(
         loader_kwargs = {} if policy_path is None else {"path": policy_path}
         policy = policies_serialize.load_policy(policy_type, venv, **loader_kwargs)
         trajectories = rollout_demonstrations(
-            venv, policy, n_episodes=n_episodes, rng=rng
+            venv, policy, n_episodes=n_episodes, rng=rng, progress_bar=progress_bar
         )
     finally:
         venv.close()
@@ -143,6 +165,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--policy-path", default=None)
     parser.add_argument("--max-episode-steps", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-progress", dest="progress_bar", action="store_false", help="no bar"
+    )
     args = parser.parse_args(argv)
     trajectories = make_demonstrations(**vars(args))
     steps = sum(len(traj) for traj in trajectories)

@@ -3,8 +3,12 @@
 While patched (process-wide), imitation's modules name this package's reward
 trainers, AIRL, GAIL and ``PreferenceDataset``; its reward ingredient builds CNN nets
 without ``normalize_input_layer``; ``data.serialize.load`` keeps uint8 frames uint8;
-``rewards.serialize.load_reward`` allows the reward-net classes. A name imported
-from imitation before patching keeps imitation's object.
+``rewards.serialize.load_reward`` allows the reward-net classes; imitation's
+``PreferenceDataset.load`` also reads a frame store (what ``save`` writes while
+patched), and a pickle as imitation's class. A name imported from imitation before
+patching keeps imitation's object, except that ``load``. sacred's "Added new config
+entry" warnings for the entries of the ``rl_kwargs`` and ``reward.net_kwargs`` dicts
+are dropped.
 
 Example:
     >>> with imitation_accum.patched():  # doctest: +SKIP
@@ -17,7 +21,10 @@ Example:
 import contextlib
 import functools
 import importlib
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Tuple
+import logging
+import pathlib
+import re
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from imitation.rewards import reward_nets
 
@@ -125,6 +132,54 @@ def _reward_config_hook(
     return {"net_kwargs": {"normalize_input_layer": None}}
 
 
+def _loading_stores(load: Callable[..., Any]) -> Callable[..., Any]:
+    # imitation's PreferenceDataset.load, reading a directory as a frame store; a
+    # pickle as imitation's class (plain unpickling would resolve the class name
+    # to this package's while patched).
+    from imitation_accum.preference import dataset
+
+    @functools.wraps(load)
+    def load_store_or_pickle(path: Any) -> Any:
+        if pathlib.Path(path).is_dir():
+            return dataset.PreferenceDataset.load(path)
+        return dataset.read_imitation_pickle(path, str(path))
+
+    return load_store_or_pickle
+
+
+class _KwargsEntriesQuiet(logging.Filter):
+    # Drops sacred's warnings about entries added to the kwargs dicts of
+    # imitation's rl and reward ingredients (passed on whole, so a wrong name
+    # fails in the constructor) and the per-algorithm reward net classes: every
+    # Atari named config sets some.
+
+    _PATTERN = re.compile(
+        r'^Added new config entry: "(?:rl_kwargs\.|net_kwargs\.'
+        r'|algorithm_specific\.(?:airl|gail)\.net_cls")'
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self._PATTERN.match(str(record.msg))
+
+
+# sacred logs an ingredient's warnings on the child of its root logger named by
+# the ingredient's path (the root logger unless an experiment sets its own).
+_QUIET_LOGGERS = ("rl", "reward")
+
+
+def _quiet_kwargs_entries() -> None:
+    quiet = _KwargsEntriesQuiet()
+    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(quiet)
+
+    def undo() -> None:
+        for logger in loggers:
+            logger.removeFilter(quiet)
+
+    _undo.append(undo)
+
+
 def is_patched() -> bool:
     """Whether imitation is patched now (between :func:`patch` and :func:`unpatch`)."""
     return bool(_originals)
@@ -140,12 +195,21 @@ def patch() -> None:
         setattr(module, attribute, replacement)
     from imitation.scripts.ingredients import reward
 
+    from imitation_accum.preference.dataset import ImitationPreferenceDataset
+
     hooks = reward.reward_ingredient.config_hooks
     hooks.append(_reward_config_hook)
     _undo.append(lambda: hooks.remove(_reward_config_hook))
     from imitation_accum.integrations import rollout_reward
 
     _undo.append(rollout_reward.restore_default)
+    # A class attribute: also reaches imitation's class imported before patching.
+    load = vars(ImitationPreferenceDataset)["load"]
+    ImitationPreferenceDataset.load = staticmethod(  # type: ignore[method-assign]
+        _loading_stores(load.__func__)
+    )
+    _undo.append(lambda: setattr(ImitationPreferenceDataset, "load", load))
+    _quiet_kwargs_entries()
 
 
 def unpatch() -> None:
@@ -155,6 +219,57 @@ def unpatch() -> None:
     _originals.clear()
     while _undo:
         _undo.pop()()
+
+
+@contextlib.contextmanager
+def preference_script_run(
+    *, env_id: Optional[str], initial_epoch_multiplier: float
+) -> Iterator[None]:
+    """Settings imitation's preference script does not pass, for one run of it.
+
+    While open (and patched), a ``PreferenceComparisons`` built through imitation's
+    module gets ``initial_epoch_multiplier`` unless given one, and the
+    ``PreferenceDataset`` it keeps records ``env_id`` when saved
+    (``save_preferences=True``), so ``train_reward_model`` finds the environment.
+
+    Args:
+        env_id: The run's ``environment.gym_id``.
+        initial_epoch_multiplier: imitation's ``PreferenceComparisons`` argument.
+
+    Yields:
+        Nothing; the two settings hold inside the block.
+
+    Raises:
+        RuntimeError: if imitation is not patched.
+    """
+    if not is_patched():
+        raise RuntimeError("preference_script_run() needs imitation_accum.patched()")
+    from imitation.algorithms import preference_comparisons as pc
+
+    dataset_cls = pc.PreferenceDataset
+
+    class RunDataset(dataset_cls):  # type: ignore[valid-type,misc]
+        """The patched ``PreferenceDataset``, saving the run's environment id."""
+
+        def save(self, path: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("env_id", env_id)
+            super().save(path, **kwargs)
+
+    # imitation's script calls its module's names when it runs: swap them meanwhile.
+    swapped = {
+        "PreferenceDataset": RunDataset,
+        "PreferenceComparisons": functools.partial(
+            pc.PreferenceComparisons, initial_epoch_multiplier=initial_epoch_multiplier
+        ),
+    }
+    originals = {name: getattr(pc, name) for name in swapped}
+    for name, value in swapped.items():
+        setattr(pc, name, value)
+    try:
+        yield
+    finally:
+        for name, value in originals.items():
+            setattr(pc, name, value)
 
 
 @contextlib.contextmanager

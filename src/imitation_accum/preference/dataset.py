@@ -937,8 +937,17 @@ def read_imitation_pickle(path: AnyPath, name: str) -> ImitationPreferenceDatase
 
     Raises:
         ValueError: naming ``name`` if the file does not unpickle, or holds
-            something other than imitation's ``PreferenceDataset``.
+            something other than imitation's ``PreferenceDataset``; if it is a
+            directory, saying how to load that.
     """
+    if util.parse_path(path).is_dir():
+        raise ValueError(
+            f"{name} is a directory, not a pickle: a frame store, which "
+            "PreferenceDataset.save writes (also imitation's save_preferences=True "
+            "under imitation_accum.patch(), at preferences.pkl); load it with "
+            "imitation_accum.PreferenceDataset.load(path), or with imitation's "
+            "PreferenceDataset.load under imitation_accum.patched()"
+        )
     try:
         with open(util.parse_path(path), "rb") as file:
             dataset = _ImitationUnpickler(file).load()

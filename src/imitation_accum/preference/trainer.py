@@ -199,6 +199,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         self._gt_losses: Optional[np.ndarray] = None
         self._profiles: Dict[Hashable, probe.ActivationProfile] = {}
         self._backed_off_cap: Optional[int] = None
+        self._budget_message: Optional[str] = None  # logged when it changes
         self.step_policy: Optional[StepPolicy] = None
         """Built by each ``train()`` from the attributes; halved after CUDA OOM."""
         self.last_plan: Optional[StepPlan] = None
@@ -397,15 +398,15 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                             progress.set_postfix(_postfix(result), refresh=False)
                     if val_idx is not None:
                         self._update_regularizer(table, val_idx, loss_sum / n_pairs)
-                if self.progress_bar:  # the bar's companion: a line per epoch
-                    rate = n_pairs / seconds if seconds > 0 else float("inf")
-                    self.logger.log(
-                        f"reward model epoch {epoch_num + 1}/{epochs}: loss "
-                        f"{loss_sum / n_pairs:.4f}, accuracy "
-                        f"{accuracy_sum / n_pairs:.3f}, {rate:.0f} pairs/s"
-                    )
             # Postfixes are throttled; the last refresh shows the last step.
             progress.set_postfix(_postfix(result), refresh=True)
+        if self.progress_bar:  # the bar's companion: one line per train()
+            rate = n_pairs / seconds if seconds > 0 else float("inf")
+            self.logger.log(
+                f"reward model, {epochs} epoch{'s' * (epochs > 1)} of "
+                f"{steps_per_epoch} steps: last epoch loss {loss_sum / n_pairs:.4f}, "
+                f"accuracy {accuracy_sum / n_pairs:.3f}, {rate:.0f} pairs/s"
+            )
         _record_final_values(self.logger, epoch_num)
 
     def _check_settings(self) -> None:
@@ -498,7 +499,9 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             largest_batch=largest_batch,
             item=int(pair_lengths.max()),
         )
-        self.logger.log(message)
+        if message != self._budget_message:
+            self.logger.log(message)
+            self._budget_message = message
         return cap
 
     def _run(

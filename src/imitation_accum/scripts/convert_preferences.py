@@ -40,7 +40,7 @@ def convert(
         raise ValueError(
             f"{target} exists; pass --overwrite to replace it (a frame store only)"
         )
-    if not source.is_file():
+    if not source.exists():
         raise ValueError(f"{source}: no such file")
     original = read_imitation_pickle(source, str(source))
     dataset = PreferenceDataset(max_size=original.max_size)

@@ -48,6 +48,10 @@ PREFERENCE_DEFAULTS: Dict[str, Any] = dict(
     total_comparisons=5000,
     comparison_queue_size=None,  # all 5,000: 7.3 GB in the frame store
     fragment_length=100,
+    # The first 500 pairs get 5 x 3 = 15 epochs (~60 steps of 128 pairs, what a
+    # later iteration over the growing dataset takes), not imitation's 200 x 3 =
+    # 600 epochs (2,400 steps) that overfit them while the agent waits.
+    initial_epoch_multiplier=5,
     reward_trainer_kwargs=dict(
         epochs=3,
         batch_size=128,  # pairs per optimizer step
@@ -237,7 +241,10 @@ QUICKSTART = Preset(
         total_timesteps=4096,
         num_iterations=2,
         total_comparisons=120,
-        initial_comparison_frac=0.04,  # 4 pairs, trained on for 200 epochs first
+        initial_comparison_frac=0.04,  # 4 pairs first
+        # 4 epochs (4 steps) on them, what the next phase takes over ~120 pairs;
+        # imitation's 200 made the first phase most of the run.
+        initial_epoch_multiplier=4,
         fragment_length=25,
         environment=dict(max_episode_steps=100, parallel=False),
         rl=dict(rl_kwargs=dict(n_epochs=1)),
@@ -288,6 +295,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if not args.table and args.dir is None:
         parser.error("--dir is required outside a checkout of the repository")
     if args.table:
+        print("| preset | batch / minibatch or budget | host frames (GiB) | what for |")
+        print("|---|---|---|---|")
         for name, preset in PRESETS.items():
             config = preset.config()
             kwargs = config["reward_trainer_kwargs"]

@@ -40,7 +40,18 @@ train_adversarial_ex.add_alternatives(
 )
 train_adversarial_ex.config_hook(config_checks.check_environment)
 rollout_reward.add_config_key(train_adversarial_ex)
-train_adversarial_ex.config_hook(config_checks.check_demonstrations)
+
+
+@train_adversarial_ex.config_hook
+def check_demonstrations(
+    config: Dict[str, Any], command_name: str, logger: Any
+) -> Dict[str, Any]:
+    """Config hook: training reads existing demonstrations (``print_config`` none)."""
+    if command_name not in ALGORITHMS:  # a config without data is still shown
+        return {}
+    return config_checks.check_demonstrations(config, command_name, logger)
+
+
 train_adversarial_ex.config_hook(config_checks.check_run_settings)
 
 # Passed by imitation's script itself, or stripped by it before the constructor.

@@ -12,10 +12,12 @@ so ``minibatch_size`` accumulates exactly. Added: Atari named configs (``atari_p
 
 The run directory (``output/train_preference_comparisons/<env>/<timestamp>``) holds
 the reward net (``checkpoints/final/reward_net.pt``), the agent, logs and
-``config.json``.
+``config.json``; with ``save_preferences=True`` also ``preferences.pkl``, a frame
+store recording ``environment.gym_id`` (``train_reward_model`` reads it from there).
+Added key: ``initial_epoch_multiplier`` (imitation's script does not pass one).
 """
 
-from typing import Any, Dict
+from typing import Any, Dict, Mapping
 
 from imitation.algorithms import preference_comparisons as pc
 from imitation.scripts.train_preference_comparisons import (
@@ -24,10 +26,49 @@ from imitation.scripts.train_preference_comparisons import (
 
 import imitation_accum
 from imitation_accum import _validation
-from imitation_accum.integrations import rollout_reward
+from imitation_accum.integrations import patching, rollout_reward
 from imitation_accum.scripts import config_checks, experiment, presets
 
 train_preference_comparisons_ex = experiment.derive(imitation_ex, doc=__doc__)
+#: imitation's main command, called by this experiment's.
+_imitation_main = imitation_ex.commands["train_preference_comparisons"]
+
+
+@train_preference_comparisons_ex.config
+def initial_epochs() -> None:
+    """The first phase: initial_epoch_multiplier x reward_trainer_kwargs.epochs."""
+    initial_epoch_multiplier = 200.0  # first phase: x epochs (imitation's default)
+    locals()  # quieten flake8
+
+
+@train_preference_comparisons_ex.main
+def train_preference_comparisons(
+    initial_epoch_multiplier: float, environment: Mapping[str, Any]
+) -> Mapping[str, Any]:
+    """Trains a reward model and agent by preference comparisons (imitation's main).
+
+    Returns:
+        What imitation's main returns: rollout statistics of the trained policy.
+    """
+    with patching.preference_script_run(
+        env_id=environment["gym_id"],
+        initial_epoch_multiplier=initial_epoch_multiplier,
+    ):
+        return _imitation_main()
+
+
+@train_preference_comparisons_ex.config_hook
+def check_initial_epoch_multiplier(
+    config: Dict[str, Any], command_name: str, logger: Any
+) -> Dict[str, Any]:
+    """Config hook: ``initial_epoch_multiplier`` is a positive number."""
+    del command_name, logger
+    _validation.positive_finite_float(
+        "initial_epoch_multiplier", config["initial_epoch_multiplier"]
+    )
+    return {}
+
+
 train_preference_comparisons_ex.own_sections.extend(
     ["reward_trainer_kwargs", "preference_model_kwargs"]
 )

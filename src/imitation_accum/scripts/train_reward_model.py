@@ -15,6 +15,8 @@ state is checkpointed atomically to ``{log_dir}/checkpoints/training_state.pt``
 (continue with ``resume_from=...``), the reward net saved as imitation saves it, to
 ``{log_dir}/checkpoints/final/reward_net.pt``. Under ``torchrun`` only rank 0 logs and
 writes files. As a script, it seeds torch's global generator with the run's seed.
+The environment is the one a store recorded (``save_preferences=True`` records it)
+unless ``environment.gym_id`` or a named config names one.
 
 Every input (config, data, a checkpoint to resume) is checked before any file is
 written: a refused run leaves no run directory, logs or sacred record. A running
@@ -314,6 +316,19 @@ def _load_dataset(path: str, trust_pickle: bool) -> pc.PreferenceDataset:
     return read_imitation_pickle(source, f"dataset_path={path!r}")
 
 
+#: imitation's environment ingredient's default: the config names no environment.
+_DEFAULT_GYM_ID = environment.environment_ingredient.configurations[0]()["gym_id"]
+
+
+def _environment_id(configured: str, dataset: pc.PreferenceDataset) -> str:
+    # The configured environment, or the one a store recorded if the config
+    # names none (a configured one that differs is checked against the pairs).
+    recorded = dataset.env_id if isinstance(dataset, PreferenceDataset) else None
+    if configured == _DEFAULT_GYM_ID and recorded is not None:
+        return recorded
+    return configured
+
+
 def _hash_array(digest: "hashlib._Hash", value: Any) -> None:
     array = np.ascontiguousarray(np.asarray(value))
     digest.update(f"{array.dtype.str}{array.shape}".encode())
@@ -588,9 +603,10 @@ def train_reward_model(
         th.manual_seed(seed)
 
         dataset = _load_dataset(dataset_path, trust_pickle)
-        env = gym.make(environment["gym_id"], **environment["env_make_kwargs"])
+        gym_id = _environment_id(environment["gym_id"], dataset)
+        env = gym.make(gym_id, **environment["env_make_kwargs"])
         env.close()  # only its spaces are read, as the reward ingredient reads a venv's
-        _check_dataset(dataset, env, dataset_path, environment["gym_id"])
+        _check_dataset(dataset, env, dataset_path, gym_id)
         fingerprint = dataset_fingerprint(dataset)
         distributed.check_same_on_every_rank(
             context,
