@@ -20,6 +20,7 @@ import sys
 import textwrap
 from typing import (
     Any,
+    Callable,
     ContextManager,
     Dict,
     Iterator,
@@ -71,6 +72,15 @@ class PatchedExperiment(sacred.Experiment):
         """Help of commands whose functions have no docstring (imitation's)."""
         return {}
 
+    @functools.cached_property
+    def update_hooks(self) -> List[Callable[[Dict[str, Any]], Dict[str, Any]]]:
+        """Functions of the user's config updates (nested), run before sacred's config.
+
+        Each returns the updates to use; one that raises refuses the run before
+        sacred builds it (no run record, no file).
+        """
+        return []
+
     def add_alternatives(self, section: str, *names: str) -> None:
         """Declares the keys ``names`` of config ``section`` (a dict) alternatives."""
         self.alternatives.setdefault(section, []).append(tuple(names))
@@ -121,6 +131,8 @@ class PatchedExperiment(sacred.Experiment):
     ) -> sacred.run.Run:
         """``sacred.Experiment.run`` with imitation patched and alternatives applied."""
         updates = user_alternatives_win(config_updates or {}, self.alternatives)
+        for hook in self.update_hooks:
+            updates = hook(updates)
         with patched(), self._own_keys_quiet(), contextlib.ExitStack() as held:
             self._held = held
             try:

@@ -14,46 +14,199 @@ The run directory (``output/train_preference_comparisons/<env>/<timestamp>``) ho
 the reward net (``checkpoints/final/reward_net.pt``), the agent, logs and
 ``config.json``; with ``save_preferences=True`` also ``preferences.pkl``, a frame
 store recording ``environment.gym_id`` (``train_reward_model`` reads it from there).
-Added key: ``initial_epoch_multiplier`` (imitation's script does not pass one).
+Added keys: ``initial_epoch_multiplier`` (imitation's script does not pass one) and
+``resume_from``. Unless ``checkpoint_interval < 0``, a checkpoint is written atomically
+to ``checkpoints/resume/`` at the end of every iteration
+(:mod:`imitation_accum.preference.resumable`); ``resume_from=RUN_DIR`` continues the
+run in ``RUN_DIR`` from its latest one, appending to its logs::
+
+    python -m imitation_accum.scripts.train_preference_comparisons with \
+        resume_from=output/train_preference_comparisons/.../20260101_120000_abcdef
+
+A resumed run takes the run's seed and directory and must have its config (the same
+named configs and updates): a changed key is refused, naming it, unless it may
+change (``total_timesteps``, ``logging.*``, ``checkpoint_interval``,
+``save_preferences``, ``policy_evaluation.*``, ``reward_trainer_kwargs.progress_bar``),
+which is logged. SIGTERM ends a run with exit status 143, after the checkpoint write
+under way.
 """
 
-from typing import Any, Dict, Mapping
+import contextlib
+import functools
+import pathlib
+from typing import Any, Dict, Iterator, Mapping, Optional
 
 from imitation.algorithms import preference_comparisons as pc
+from imitation.scripts.ingredients import logging as logging_ingredient
+from imitation.scripts.ingredients import wb
 from imitation.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex as imitation_ex,
 )
+from stable_baselines3.common import monitor
 
 import imitation_accum
 from imitation_accum import _validation
 from imitation_accum.integrations import patching, rollout_reward
+from imitation_accum.io import run_checkpoint
+from imitation_accum.preference import resumable
 from imitation_accum.scripts import config_checks, experiment, presets
 
 train_preference_comparisons_ex = experiment.derive(imitation_ex, doc=__doc__)
 #: imitation's main command, called by this experiment's.
 _imitation_main = imitation_ex.commands["train_preference_comparisons"]
 
+#: Keys a resumed run may change (a trailing dot: every key below it).
+MAY_CHANGE = (
+    "total_timesteps",
+    "logging.",
+    "resume_from",
+    "checkpoint_interval",
+    "save_preferences",
+    "policy_evaluation.",
+    "reward_trainer_kwargs.progress_bar",
+)
+
 
 @train_preference_comparisons_ex.config
 def initial_epochs() -> None:
     """The first phase: initial_epoch_multiplier x reward_trainer_kwargs.epochs."""
     initial_epoch_multiplier = 200.0  # first phase: x epochs (imitation's default)
+    resume_from = None  # a run directory (or one of its checkpoints) to continue
     locals()  # quieten flake8
+
+
+def experiment_of(config: Mapping[str, Any]) -> Optional[str]:
+    """``None`` if a run's ``config.json`` is of this experiment; else whose it is."""
+    if "total_comparisons" in config and "fragment_length" in config:
+        return None
+    if "algorithm_kwargs" in config and "demonstrations" in config:
+        return "train_adversarial"
+    if "dataset_path" in config:
+        return "train_reward_model"
+    return "another experiment"
+
+
+def _locate(resume_from: Any) -> run_checkpoint.Located:
+    return run_checkpoint.locate(resume_from, resumable.EXPERIMENT, experiment_of)
+
+
+def _resume_updates(updates: Dict[str, Any]) -> Dict[str, Any]:
+    # resume_from=RUN_DIR: the run's seed and directory, unless given.
+    resume_from = updates.get("resume_from")
+    if resume_from is None:
+        return updates
+    located = _locate(resume_from)
+    logging_updates = updates.setdefault("logging", {})
+    if (located.run_dir / run_checkpoint.CONFIG).is_file():
+        logging_updates.setdefault("log_dir", str(located.run_dir))
+    if "seed" in located.config:
+        updates.setdefault("seed", located.config["seed"])
+    return updates
+
+
+train_preference_comparisons_ex.update_hooks.append(_resume_updates)
+
+
+@train_preference_comparisons_ex.config_hook
+def check_resume(
+    config: Dict[str, Any], command_name: str, logger: Any
+) -> Dict[str, Any]:
+    """Config hook: ``resume_from`` names a checkpoint of a run with this config.
+
+    Changes of keys that may change are logged.
+    """
+    del command_name
+    resume_from = config["resume_from"]
+    if resume_from is None:
+        return {}
+    located = _locate(resume_from)
+    where = str(located.checkpoint or located.run_dir / run_checkpoint.CONFIG)
+    changed = run_checkpoint.compare_configs(
+        located.config,
+        run_checkpoint.json_config({**config, "seed": config.get("seed")}),
+        may_change=MAY_CHANGE,
+        where=f"resume_from={str(resume_from)!r} ({where})",
+        hint=" (give the same named configs and updates)",
+    )
+    for key, before, after in changed:
+        if key != "resume_from":
+            logger.info(f"Resuming with {key}={after!r} (the run had {before!r})")
+    return {}
+
+
+@contextlib.contextmanager
+def _appending(format_strs: Any) -> Iterator[None]:
+    # A resumed run continues the run directory's logs (imitation's logger and
+    # SB3's Monitor files would start them anew).
+    def setup_logging() -> Any:
+        made = logging_ingredient.make_log_dir()
+        if "wandb" in format_strs:
+            wb.wandb_init(log_dir=str(made))
+        return experiment.configure_logger(made / "log", format_strs, True), made
+
+    class AppendingMonitor(monitor.Monitor):
+        def __init__(self, env: Any, filename: Optional[str] = None, **kwargs: Any):
+            kwargs.setdefault("override_existing", False)
+            super().__init__(env, filename, **kwargs)
+
+    swapped = [
+        (logging_ingredient, "setup_logging", setup_logging),
+        (monitor, "Monitor", AppendingMonitor),
+    ]
+    originals = [(module, name, getattr(module, name)) for module, name, _ in swapped]
+    for module, name, value in swapped:
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for module, name, value in originals:
+            setattr(module, name, value)
 
 
 @train_preference_comparisons_ex.main
 def train_preference_comparisons(
-    initial_epoch_multiplier: float, environment: Mapping[str, Any]
+    initial_epoch_multiplier: float,
+    environment: Mapping[str, Any],
+    resume_from: Optional[str],
+    checkpoint_interval: int,
+    _run: Any,
 ) -> Mapping[str, Any]:
     """Trains a reward model and agent by preference comparisons (imitation's main).
+
+    Checkpoints every iteration and resumes (see the module's docstring).
 
     Returns:
         What imitation's main returns: rollout statistics of the trained policy.
     """
-    with patching.preference_script_run(
-        env_id=environment["gym_id"],
-        initial_epoch_multiplier=initial_epoch_multiplier,
-    ):
+    log_dir = pathlib.Path(_run.config["logging"]["log_dir"])
+    checkpoint = None
+    if resume_from is not None:
+        located = _locate(resume_from)
+        checkpoint = located.checkpoint
+        count = 0 if checkpoint is None else int(checkpoint.name)
+        if log_dir.resolve() == located.run_dir.resolve():
+            for later in run_checkpoint.remove_after(log_dir, count):
+                _run.run_logger.info(f"Removed {later}, after the checkpoint resumed")
+    checkpointing = resumable.Checkpointing(
+        log_dir=log_dir if int(checkpoint_interval) >= 0 else None,
+        config=run_checkpoint.json_config(_run.config),
+        seed=int(_run.config["seed"]),
+        resume_from=checkpoint,
+    )
+    with contextlib.ExitStack() as stack:
+        if resume_from is not None:
+            formats = _run.config["logging"]["log_format_strs"]
+            stack.enter_context(_appending(formats))
+        stack.enter_context(
+            patching.preference_script_run(
+                env_id=environment["gym_id"],
+                initial_epoch_multiplier=initial_epoch_multiplier,
+                comparisons_cls=functools.partial(
+                    resumable.ResumablePreferenceComparisons,
+                    checkpointing=checkpointing,
+                ),
+            )
+        )
         return _imitation_main()
 
 
@@ -190,7 +343,11 @@ train_preference_comparisons_ex.add_named_config("gpu_bf16", presets.GPU_BF16)
 
 
 def main_console() -> None:
-    """The command line; runs are recorded under ``output/sacred/``."""
+    """The command line; runs are recorded under ``output/sacred/``.
+
+    SIGTERM ends a run with exit status 143, after the checkpoint write under way.
+    """
+    experiment.stop_on_signals()
     experiment.main_console(train_preference_comparisons_ex)
 
 
