@@ -77,6 +77,27 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
     return flat
 
 
+def _shown(value: Any) -> str:
+    # A JSON-form config value as Python would show it (tuples, classes).
+    def plain(v: Any) -> Any:
+        if isinstance(v, dict) and len(v) == 1 and "py/tuple" in v:
+            return tuple(plain(x) for x in v["py/tuple"])
+        if isinstance(v, dict) and len(v) == 1 and "py/type" in v:
+            return _Name(v["py/type"])
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        return v
+
+    return repr(plain(value))
+
+
+class _Name(str):
+    def __repr__(self) -> str:
+        return str(self)
+
+
 def _may_change(key: str, allowed: Sequence[str]) -> bool:
     return any(key == a or (a.endswith(".") and key.startswith(a)) for a in allowed)
 
@@ -88,7 +109,7 @@ def compare_configs(
     may_change: Sequence[str],
     where: str,
     hint: str,
-) -> List[Tuple[str, Any, Any]]:
+) -> List[Tuple[str, str, str]]:
     """Checks that ``config`` continues the run ``saved`` (both in JSON form).
 
     Args:
@@ -99,27 +120,36 @@ def compare_configs(
         hint: Appended to the message (what to do).
 
     Returns:
-        The keys that differ and may: ``(key, saved value, new value)``.
+        The keys that differ and may: ``(key, saved value, new value)``, the
+        values as Python shows them.
 
     Raises:
         ValueError: naming the first key (sorted) that differs and may not.
     """
     old, new = flatten(saved), flatten(config)
-    allowed = []
+    missing = object()
+    allowed: List[Tuple[str, str, str]] = []
     for key in sorted(old.keys() | new.keys()):
-        missing = object()
         before, after = old.get(key, missing), new.get(key, missing)
         if before == after:
             continue
         if _may_change(key, may_change):
-            allowed.append((key, before, after))
+            absent = "(absent)"
+            allowed.append(
+                (
+                    key,
+                    absent if before is missing else _shown(before),
+                    absent if after is missing else _shown(after),
+                )
+            )
             continue
-        shown_before = "absent" if before is missing else repr(before)
-        shown_after = "absent" if after is missing else repr(after)
+        written = (
+            f"without {key}" if before is missing else f"with {key}={_shown(before)}"
+        )
+        now = f"no {key}" if after is missing else f"{key}={_shown(after)}"
         raise ValueError(
-            f"{where} was written with {key}={shown_before}, but this run has "
-            f"{key}={shown_after}: a resumed run must have the config of the run it "
-            f"continues{hint}"
+            f"{where} was written {written}, but this run has {now}: a resumed run "
+            f"must have the config of the run it continues{hint}"
         )
     return allowed
 

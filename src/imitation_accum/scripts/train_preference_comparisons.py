@@ -34,15 +34,12 @@ under way.
 import contextlib
 import functools
 import pathlib
-from typing import Any, Dict, Iterator, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from imitation.algorithms import preference_comparisons as pc
-from imitation.scripts.ingredients import logging as logging_ingredient
-from imitation.scripts.ingredients import wb
 from imitation.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex as imitation_ex,
 )
-from stable_baselines3.common import monitor
 
 import imitation_accum
 from imitation_accum import _validation
@@ -130,37 +127,8 @@ def check_resume(
     )
     for key, before, after in changed:
         if key != "resume_from":
-            logger.info(f"Resuming with {key}={after!r} (the run had {before!r})")
+            logger.info(f"Resuming with {key}={after} (the run had {before})")
     return {}
-
-
-@contextlib.contextmanager
-def _appending(format_strs: Any) -> Iterator[None]:
-    # A resumed run continues the run directory's logs (imitation's logger and
-    # SB3's Monitor files would start them anew).
-    def setup_logging() -> Any:
-        made = logging_ingredient.make_log_dir()
-        if "wandb" in format_strs:
-            wb.wandb_init(log_dir=str(made))
-        return experiment.configure_logger(made / "log", format_strs, True), made
-
-    class AppendingMonitor(monitor.Monitor):
-        def __init__(self, env: Any, filename: Optional[str] = None, **kwargs: Any):
-            kwargs.setdefault("override_existing", False)
-            super().__init__(env, filename, **kwargs)
-
-    swapped = [
-        (logging_ingredient, "setup_logging", setup_logging),
-        (monitor, "Monitor", AppendingMonitor),
-    ]
-    originals = [(module, name, getattr(module, name)) for module, name, _ in swapped]
-    for module, name, value in swapped:
-        setattr(module, name, value)
-    try:
-        yield
-    finally:
-        for module, name, value in originals:
-            setattr(module, name, value)
 
 
 @train_preference_comparisons_ex.main
@@ -196,7 +164,7 @@ def train_preference_comparisons(
     with contextlib.ExitStack() as stack:
         if resume_from is not None:
             formats = _run.config["logging"]["log_format_strs"]
-            stack.enter_context(_appending(formats))
+            stack.enter_context(experiment.appending_run_logs(formats))
         stack.enter_context(
             patching.preference_script_run(
                 env_id=environment["gym_id"],

@@ -1,0 +1,68 @@
+"""Runs a preference-comparison run that may kill itself, as ``kill -9`` would.
+
+    python -m tests.scripts.resume_driver LOG_DIR CONFIG_JSON [KILL_AT]
+
+``CONFIG_JSON``: the config updates (with the ``fast`` named config). ``KILL_AT``: the
+process sends itself SIGKILL at the KILL_AT-th file operation (``fsync``, rename,
+directory removal) of its checkpoint writes, so inside a write or between its steps.
+"""
+
+import functools
+import json
+import os
+import shutil
+import signal
+import sys
+from typing import Any, Callable
+
+from imitation_accum.io import run_checkpoint
+from imitation_accum.scripts.train_preference_comparisons import (
+    train_preference_comparisons_ex as ex,
+)
+
+_writing = [False]
+_operations = [0]
+
+
+def _counted(operation: Callable[..., Any], kill_at: int) -> Callable[..., Any]:
+    @functools.wraps(operation)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        if _writing[0]:
+            _operations[0] += 1
+            if _operations[0] == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return operation(*args, **kwargs)
+
+    return counted
+
+
+def _marking(write: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(write)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        _writing[0] = True
+        try:
+            return write(*args, **kwargs)
+        finally:
+            _writing[0] = False
+
+    return marked
+
+
+def main() -> None:
+    log_dir, updates = sys.argv[1], json.loads(sys.argv[2])
+    if len(sys.argv) > 3:
+        kill_at = int(sys.argv[3])
+        for module, name in [
+            (os, "fsync"),
+            (os, "rename"),
+            (os, "replace"),
+            (shutil, "rmtree"),
+        ]:
+            setattr(module, name, _counted(getattr(module, name), kill_at))
+        run_checkpoint.write = _marking(run_checkpoint.write)  # type: ignore
+    updates["logging"] = {**updates.get("logging", {}), "log_dir": log_dir}
+    ex.run(named_configs=["fast"], config_updates=updates)
+
+
+if __name__ == "__main__":
+    main()
