@@ -172,6 +172,7 @@ def write(
     count: int,
     *,
     experiment: str,
+    command: str,
     config: Mapping[str, Any],
     write_files: Callable[[pathlib.Path], Mapping[str, Any]],
 ) -> pathlib.Path:
@@ -181,6 +182,7 @@ def write(
         log_dir: The run directory.
         count: Iterations (or rounds) completed; names the checkpoint.
         experiment: The experiment's name, checked on resume.
+        command: The experiment's command that ran (``airl``, ``gail``).
         config: The run's config (JSON form, :func:`json_config`).
         write_files: Writes the checkpoint's files into the directory it is given
             and returns plain values recorded in the manifest (``"metadata"``).
@@ -208,6 +210,7 @@ def write(
             "format": FORMAT,
             "version": VERSION,
             "experiment": experiment,
+            "command": command,
             "count": int(count),
             "config": dict(config),
             "files": files,

@@ -261,6 +261,7 @@ class ResumablePreferenceComparisons(pc.PreferenceComparisons):
             log_dir,
             self._iteration,
             experiment=EXPERIMENT,
+            command=EXPERIMENT,
             config=self.checkpointing.config,
             write_files=lambda directory: self._write_files(directory, schedule),
         )

@@ -46,89 +46,26 @@ from imitation_accum import _validation
 from imitation_accum.integrations import patching, rollout_reward
 from imitation_accum.io import run_checkpoint
 from imitation_accum.preference import resumable
-from imitation_accum.scripts import config_checks, experiment, presets
+from imitation_accum.scripts import config_checks, experiment, presets, resume
 
 train_preference_comparisons_ex = experiment.derive(imitation_ex, doc=__doc__)
 #: imitation's main command, called by this experiment's.
 _imitation_main = imitation_ex.commands["train_preference_comparisons"]
-
-#: Keys a resumed run may change (a trailing dot: every key below it).
-MAY_CHANGE = (
-    "total_timesteps",
-    "logging.",
-    "resume_from",
-    "checkpoint_interval",
-    "save_preferences",
-    "policy_evaluation.",
-    "reward_trainer_kwargs.progress_bar",
-)
 
 
 @train_preference_comparisons_ex.config
 def initial_epochs() -> None:
     """The first phase: initial_epoch_multiplier x reward_trainer_kwargs.epochs."""
     initial_epoch_multiplier = 200.0  # first phase: x epochs (imitation's default)
-    resume_from = None  # a run directory (or one of its checkpoints) to continue
     locals()  # quieten flake8
 
 
-def experiment_of(config: Mapping[str, Any]) -> Optional[str]:
-    """``None`` if a run's ``config.json`` is of this experiment; else whose it is."""
-    if "total_comparisons" in config and "fragment_length" in config:
-        return None
-    if "algorithm_kwargs" in config and "demonstrations" in config:
-        return "train_adversarial"
-    if "dataset_path" in config:
-        return "train_reward_model"
-    return "another experiment"
-
-
-def _locate(resume_from: Any) -> run_checkpoint.Located:
-    return run_checkpoint.locate(resume_from, resumable.EXPERIMENT, experiment_of)
-
-
-def _resume_updates(updates: Dict[str, Any]) -> Dict[str, Any]:
-    # resume_from=RUN_DIR: the run's seed and directory, unless given.
-    resume_from = updates.get("resume_from")
-    if resume_from is None:
-        return updates
-    located = _locate(resume_from)
-    logging_updates = updates.setdefault("logging", {})
-    if (located.run_dir / run_checkpoint.CONFIG).is_file():
-        logging_updates.setdefault("log_dir", str(located.run_dir))
-    if "seed" in located.config:
-        updates.setdefault("seed", located.config["seed"])
-    return updates
-
-
-train_preference_comparisons_ex.update_hooks.append(_resume_updates)
-
-
-@train_preference_comparisons_ex.config_hook
-def check_resume(
-    config: Dict[str, Any], command_name: str, logger: Any
-) -> Dict[str, Any]:
-    """Config hook: ``resume_from`` names a checkpoint of a run with this config.
-
-    Changes of keys that may change are logged.
-    """
-    del command_name
-    resume_from = config["resume_from"]
-    if resume_from is None:
-        return {}
-    located = _locate(resume_from)
-    where = str(located.checkpoint or located.run_dir / run_checkpoint.CONFIG)
-    changed = run_checkpoint.compare_configs(
-        located.config,
-        run_checkpoint.json_config({**config, "seed": config.get("seed")}),
-        may_change=MAY_CHANGE,
-        where=f"resume_from={str(resume_from)!r} ({where})",
-        hint=" (give the same named configs and updates)",
-    )
-    for key, before, after in changed:
-        if key != "resume_from":
-            logger.info(f"Resuming with {key}={after} (the run had {before})")
-    return {}
+#: ``resume_from``: its key, hooks and checks.
+RESUMES = resume.add_resume(
+    train_preference_comparisons_ex,
+    resumable.EXPERIMENT,
+    (*resume.MAY_CHANGE, "save_preferences", "reward_trainer_kwargs.progress_bar"),
+)
 
 
 @train_preference_comparisons_ex.main
@@ -147,14 +84,7 @@ def train_preference_comparisons(
         What imitation's main returns: rollout statistics of the trained policy.
     """
     log_dir = pathlib.Path(_run.config["logging"]["log_dir"])
-    checkpoint = None
-    if resume_from is not None:
-        located = _locate(resume_from)
-        checkpoint = located.checkpoint
-        count = 0 if checkpoint is None else int(checkpoint.name)
-        if log_dir.resolve() == located.run_dir.resolve():
-            for later in run_checkpoint.remove_after(log_dir, count):
-                _run.run_logger.info(f"Removed {later}, after the checkpoint resumed")
+    checkpoint = resume.resumed_checkpoint(RESUMES, resume_from, _run)
     checkpointing = resumable.Checkpointing(
         log_dir=log_dir if int(checkpoint_interval) >= 0 else None,
         config=run_checkpoint.json_config(_run.config),
