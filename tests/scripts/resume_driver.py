@@ -1,8 +1,10 @@
-"""Runs a preference-comparison run that may kill itself, as ``kill -9`` would.
+"""Runs a preference-comparison or AIRL/GAIL run that may kill itself, as ``kill -9``.
 
     python -m tests.scripts.resume_driver LOG_DIR CONFIG_JSON [KILL_AT]
 
-``CONFIG_JSON``: the config updates (with the ``fast`` named config). ``KILL_AT``: the
+``CONFIG_JSON``: the config updates (with the ``fast`` named config); its key
+``"command"``, if there, is popped: ``airl`` or ``gail`` runs ``train_adversarial``
+(else ``train_preference_comparisons`` runs). ``KILL_AT``: the
 process sends itself SIGKILL at the KILL_AT-th file operation (``fsync``, rename,
 directory removal) of its checkpoint writes, so inside a write or between its steps.
 """
@@ -16,9 +18,7 @@ import sys
 from typing import Any, Callable
 
 from imitation_accum.io import run_checkpoint
-from imitation_accum.scripts.train_preference_comparisons import (
-    train_preference_comparisons_ex as ex,
-)
+from imitation_accum.scripts import train_adversarial, train_preference_comparisons
 
 _writing = [False]
 _operations = [0]
@@ -61,7 +61,12 @@ def main() -> None:
             setattr(module, name, _counted(getattr(module, name), kill_at))
         run_checkpoint.write = _marking(run_checkpoint.write)  # type: ignore
     updates["logging"] = {**updates.get("logging", {}), "log_dir": log_dir}
-    ex.run(named_configs=["fast"], config_updates=updates)
+    command = updates.pop("command", None)
+    if command is None:
+        ex = train_preference_comparisons.train_preference_comparisons_ex
+    else:
+        ex = train_adversarial.train_adversarial_ex
+    ex.run(command_name=command, named_configs=["fast"], config_updates=updates)
 
 
 if __name__ == "__main__":

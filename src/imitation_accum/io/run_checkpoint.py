@@ -49,6 +49,26 @@ class Located:
     config: Dict[str, Any]  # the run's config, as sacred's config.json holds it
 
 
+@dataclasses.dataclass(frozen=True)
+class Checkpointing:
+    """Where and how a run checkpoints, and where it resumes from.
+
+    Attributes:
+        log_dir: The run directory (checkpoints under ``checkpoints/resume/``);
+            ``None``: write none.
+        config: The run's config in JSON form, recorded in each checkpoint.
+        seed: The run's seed (environments that cannot be saved restart from it).
+        resume_from: A checkpoint directory to continue from, or ``None``.
+        interval: Iterations (rounds) between checkpoints; the last one always.
+    """
+
+    log_dir: Optional[pathlib.Path]
+    config: Mapping[str, Any]
+    seed: int
+    resume_from: Optional[pathlib.Path] = None
+    interval: int = 1
+
+
 def root(log_dir: AnyPath) -> pathlib.Path:
     """The directory of ``log_dir``'s checkpoints."""
     return pathlib.Path(log_dir) / SUBDIRECTORY

@@ -45,24 +45,6 @@ _ENVIRONMENTS = "environments.pkl"
 _PREFERENCES = "preferences"
 
 
-@dataclasses.dataclass(frozen=True)
-class Checkpointing:
-    """Where and how a run checkpoints, and where it resumes from.
-
-    Attributes:
-        log_dir: The run directory (checkpoints under ``checkpoints/resume/``);
-            ``None``: write none.
-        config: The run's config in JSON form, recorded in each checkpoint.
-        seed: The run's seed (environments that cannot be saved restart from it).
-        resume_from: A checkpoint directory to continue from, or ``None``.
-    """
-
-    log_dir: Optional[pathlib.Path]
-    config: Mapping[str, Any]
-    seed: int
-    resume_from: Optional[pathlib.Path] = None
-
-
 class ResumablePreferenceComparisons(pc.PreferenceComparisons):
     """imitation's ``PreferenceComparisons``, checkpointed every iteration.
 
@@ -74,11 +56,16 @@ class ResumablePreferenceComparisons(pc.PreferenceComparisons):
     Example:
         >>> trainer = ResumablePreferenceComparisons(  # doctest: +SKIP
         ...     agent_trainer, reward_net, num_iterations=10,
-        ...     checkpointing=Checkpointing(log_dir, config, seed, resume_from=None))
+        ...     checkpointing=run_checkpoint.Checkpointing(log_dir, config, seed))
         >>> trainer.train(total_timesteps, total_comparisons)  # doctest: +SKIP
     """
 
-    def __init__(self, *args: Any, checkpointing: Checkpointing, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        checkpointing: run_checkpoint.Checkpointing,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.checkpointing = checkpointing
         self._results: Tuple[Optional[float], Optional[float]] = (None, None)

@@ -85,7 +85,7 @@ def train_preference_comparisons(
     """
     log_dir = pathlib.Path(_run.config["logging"]["log_dir"])
     checkpoint = resume.resumed_checkpoint(RESUMES, resume_from, _run)
-    checkpointing = resumable.Checkpointing(
+    checkpointing = run_checkpoint.Checkpointing(
         log_dir=log_dir if int(checkpoint_interval) >= 0 else None,
         config=run_checkpoint.json_config(_run.config),
         seed=int(_run.config["seed"]),
