@@ -31,6 +31,8 @@ from stable_baselines3.common import base_class, monitor, save_util, vec_env
 _MONITOR = monitor.Monitor
 #: Attributes of an SB3 agent's saved data left as the new agent has them.
 _AGENT_KEPT = ("observation_space", "action_space", "policy_class", "policy_kwargs")
+#: Objects a run builds itself; the environments may refer to them only by name.
+_REBUILT = (th.nn.Module, base_class.BaseAlgorithm, vec_env.VecEnv)
 #: Attributes of a VecEnv wrapper not pickled (derived from its class).
 _LAYER_SKIPPED = ("class_attributes",)
 
@@ -101,7 +103,14 @@ class _Pickler(pickle.Pickler):
         self._names = {id(obj): name for name, obj in shared.items()}
 
     def persistent_id(self, obj: Any) -> Optional[str]:
-        return self._names.get(id(obj))
+        name = self._names.get(id(obj))
+        if name is None and isinstance(obj, _REBUILT):
+            # Pickled whole, it would come back as a copy the run does not use.
+            raise pickle.PicklingError(
+                f"the environments refer to a {type(obj).__name__} that is not "
+                "among the objects a resumed run rebuilds"
+            )
+        return name
 
 
 class _Unpickler(pickle.Unpickler):
