@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import os
 import pathlib
 import shutil
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -216,7 +217,7 @@ def write(
     target = directory / f"{int(count):06d}"
     remove_partial(directory)
     if target.exists():  # a later one of a run resumed from an earlier one
-        shutil.rmtree(target)
+        _discard(target)
     with atomic.atomic_directory(target) as temporary:
         metadata = dict(write_files(temporary))
         files = {
@@ -239,8 +240,16 @@ def write(
         (temporary / MANIFEST).write_text(json.dumps(manifest, indent=1))
     for older in complete(directory):
         if older != target:
-            shutil.rmtree(older, ignore_errors=True)
+            _discard(older)
     return target
+
+
+def _discard(checkpoint: pathlib.Path) -> None:
+    # Renamed to a temporary name first: a process killed while removing it leaves
+    # a partial directory, never a checkpoint that lacks files.
+    doomed = atomic.temporary_sibling(checkpoint)
+    os.rename(checkpoint, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def remove_partial(directory: pathlib.Path) -> None:
@@ -268,7 +277,7 @@ def remove_after(log_dir: AnyPath, count: int) -> List[pathlib.Path]:
     remove_partial(directory)
     removed = [p for p in complete(directory) if int(p.name) > count]
     for path in removed:
-        shutil.rmtree(path)
+        _discard(path)
     return removed
 
 
