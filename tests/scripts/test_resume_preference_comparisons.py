@@ -208,7 +208,7 @@ def test_stopped_before_its_first_checkpoint_starts_over_in_its_directory(
 # --- kill -9 at any moment ----------------------------------------------------
 
 #: File operations (fsync, rename, removal) of the run's four checkpoint writes.
-WRITE_OPERATIONS = 119
+WRITE_OPERATIONS = 122
 
 
 def kill_and_resume(tmp_path: pathlib.Path, trial: int, uninterrupted) -> None:
