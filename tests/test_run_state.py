@@ -37,6 +37,17 @@ def test_environments_restored_step_on_as_the_saved_ones():
     assert not all(np.array_equal(a, b) for a, b in zip(rollout(fresh), expected))
 
 
+def test_vec_normalize_statistics_are_saved_with_the_environments():
+    venv = vec_env.VecNormalize(make_venv())
+    rollout(venv, 9)
+    saved = run_state.save_environments(venv, {})
+    other = vec_env.VecNormalize(make_venv(seed=5))
+    run_state.restore_environments(other, saved, {}, "test")
+    assert np.array_equal(other.obs_rms.mean, venv.obs_rms.mean)
+    assert np.array_equal(other.ret_rms.var, venv.ret_rms.var)
+    assert all(np.array_equal(a, b) for a, b in zip(rollout(other), rollout(venv)))
+
+
 def test_environments_referring_to_an_unnamed_net_are_not_saved():
     venv = make_venv()
     venv.envs[0].unwrapped.net = th.nn.Linear(1, 1)
