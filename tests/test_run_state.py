@@ -1,5 +1,6 @@
 """Parts of an online run's checkpoint: environments, expert batches, directories."""
 
+import functools
 import pickle
 
 import gymnasium as gym
@@ -115,3 +116,19 @@ def test_a_write_keeps_the_last_checkpoint_and_removes_partial_ones(tmp_path):
     assert manifest["files"]["f"]["bytes"] == 2
     with pytest.raises(ValueError, match="is a checkpoint of 'e', not of other"):
         run_checkpoint.read_manifest(last, "other", "resume_from")
+
+
+def test_configs_compare_key_by_key():
+    saved = {"a": {"b": 1, "c": {}}, "logging": {"log_dir": "x"}}
+    compare = functools.partial(
+        run_checkpoint.compare_configs, may_change=["logging."], where="w", hint=""
+    )
+    # An empty section is no key; a key that may change is returned.
+    assert compare(saved, {"a": {"b": 1}, "logging": {"log_dir": "y"}}) == [
+        ("logging.log_dir", "'x'", "'y'")
+    ]
+    with pytest.raises(ValueError, match=r"w was written with a.b=1, but this run"):
+        compare(saved, {"a": {"b": 2}, "logging": {"log_dir": "x"}})
+    shown = r"without a.d, but this run has a.d=\(1, 2\)"
+    with pytest.raises(ValueError, match=shown):
+        compare(saved, {"a": {"b": 1, "d": {"py/tuple": [1, 2]}}})

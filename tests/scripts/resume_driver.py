@@ -7,6 +7,7 @@
 (else ``train_preference_comparisons`` runs). ``KILL_AT``: the
 process sends itself SIGKILL at the KILL_AT-th file operation (``fsync``, rename,
 directory removal) of its checkpoint writes, so inside a write or between its steps.
+SIGTERM stops it as it stops the command line (exit status 143).
 """
 
 import functools
@@ -18,7 +19,11 @@ import sys
 from typing import Any, Callable
 
 from imitation_accum.io import run_checkpoint
-from imitation_accum.scripts import train_adversarial, train_preference_comparisons
+from imitation_accum.scripts import (
+    experiment,
+    train_adversarial,
+    train_preference_comparisons,
+)
 
 _writing = [False]
 _operations = [0]
@@ -60,6 +65,7 @@ def main() -> None:
         ]:
             setattr(module, name, _counted(getattr(module, name), kill_at))
         run_checkpoint.write = _marking(run_checkpoint.write)  # type: ignore
+    experiment.stop_on_signals()
     updates["logging"] = {**updates.get("logging", {}), "log_dir": log_dir}
     command = updates.pop("command", None)
     if command is None:
@@ -67,6 +73,7 @@ def main() -> None:
     else:
         ex = train_adversarial.train_adversarial_ex
     ex.run(command_name=command, named_configs=["fast"], config_updates=updates)
+    experiment.exit_if_stopped()
 
 
 if __name__ == "__main__":

@@ -247,6 +247,30 @@ def kill_and_resume(tmp_path: pathlib.Path, trial: int, uninterrupted) -> None:
     assert differences(final_state(log_dir), uninterrupted) == []
 
 
+def test_sigterm_ends_the_run_with_143_and_it_resumes(tmp_path, uninterrupted):
+    log_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "tests.scripts.resume_driver"]
+    child = subprocess.Popen(
+        [*command, str(log_dir), json.dumps(CONFIG)],
+        cwd=pathlib.Path(__file__).parents[2],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        checkpoints = run_checkpoint.root(log_dir)
+        while not run_checkpoint.complete(checkpoints) and child.poll() is None:
+            time.sleep(0.005)
+        child.send_signal(signal.SIGTERM)  # in the second iteration
+        _, stderr = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    assert not list(checkpoints.glob(".*")), "a temporary directory was left"
+    resume(log_dir)
+    assert differences(final_state(log_dir), uninterrupted) == []
+
+
 @pytest.mark.parametrize("trial", [0, 1])
 def test_killed_at_any_moment_resumes(tmp_path, trial, uninterrupted):
     kill_and_resume(tmp_path, trial, uninterrupted)

@@ -83,15 +83,15 @@ def json_config(config: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
-    """Nested dicts as ``{"a.b": value}`` (sacred's ``py/`` objects kept whole)."""
+    """Nested dicts as ``{"a.b": value}`` (sacred's ``py/`` objects kept whole).
+
+    An empty dict holds no key: whether a section exists at all can depend on which
+    of imitation's experiments a process imported (they share ingredients).
+    """
     flat: Dict[str, Any] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
-        if (
-            isinstance(value, dict)
-            and value
-            and not any(str(k).startswith("py/") for k in value)
-        ):
+        if isinstance(value, dict) and not any(str(k).startswith("py/") for k in value):
             flat.update(flatten(value, f"{name}."))
         else:
             flat[name] = value
