@@ -89,6 +89,11 @@ def test_atomic_directory_is_complete_or_absent(tmp_path):
     with atomic.atomic_directory(target) as temporary:
         (temporary / "a").write_bytes(b"1")
     assert (target / "a").read_bytes() == b"1"
+    killed = atomic.temporary_sibling(target)
+    killed.mkdir()  # what a process killed inside the block leaves
+    (killed / "a").write_bytes(b"")
+    assert atomic.remove_stale_temporaries(target) == [killed]
+    assert not killed.exists()
     refused = pytest.raises(FileExistsError, match="checkpoint")
     with refused, atomic.atomic_directory(target):
         pass

@@ -206,12 +206,19 @@ def _make_temporary(target: pathlib.Path) -> Tuple[int, str]:
 
 
 def remove_stale_temporaries(path: AnyPath) -> List[pathlib.Path]:
-    """Deletes (and returns) temporary files of killed atomic writes to ``path``."""
+    """Deletes (and returns) temporaries of killed atomic writes to ``path``.
+
+    Files of :func:`atomic_write`, directories of :func:`atomic_directory`.
+    """
     target = pathlib.Path(path)
     if not target.parent.is_dir():
         return []
     removed = []
     for stale in target.parent.glob(f".{target.name}.*{TEMPORARY_SUFFIX}"):
+        if stale.is_dir() and not stale.is_symlink():  # of atomic_directory
+            shutil.rmtree(stale, ignore_errors=True)
+            removed.append(stale)
+            continue
         with contextlib.suppress(FileNotFoundError):
             stale.unlink()
             removed.append(stale)
