@@ -37,7 +37,9 @@ from imitation_accum.scripts import config_checks, experiment, presets, resume
 train_adversarial_ex = experiment.derive(imitation_ex, doc=__doc__)
 ALGORITHMS = {"airl": imitation_accum.AIRL, "gail": imitation_accum.GAIL}
 #: ``resume_from``: its key, hooks and checks.
-RESUMES = resume.add_resume(train_adversarial_ex, resumable.EXPERIMENT)
+RESUMES = resume.add_resume(
+    train_adversarial_ex, resumable.EXPERIMENT, (*resume.MAY_CHANGE, "show_config")
+)
 
 
 def _train(
