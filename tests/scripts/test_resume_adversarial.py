@@ -186,9 +186,12 @@ def test_other_command_and_changed_config_are_refused(config, stopped, tmp_path)
         resume(config, run_dir, algorithm_kwargs={"demo_batch_size": 6})
 
 
-def test_killed_gail_resumes(config, uninterrupted, tmp_path):
-    # Killed at the 40th file operation of its checkpoint writes (about ten a
-    # checkpoint: inside the fourth); resumes to the uninterrupted end.
+#: File operations (fsync, rename, removal) of the GAIL run's six checkpoint writes.
+WRITE_OPERATIONS = 58
+
+
+def kill_and_resume(config, tmp_path, kill_at, uninterrupted):
+    """Runs GAIL in a process that kills itself at file operation ``kill_at``."""
     log_dir = tmp_path / "run"
     command = [
         sys.executable,
@@ -196,7 +199,7 @@ def test_killed_gail_resumes(config, uninterrupted, tmp_path):
         "tests.scripts.resume_driver",
         str(log_dir),
         json.dumps({**config, "command": "gail"}),
-        "40",
+        str(kill_at),
     ]
     child = subprocess.run(
         command,
@@ -209,3 +212,15 @@ def test_killed_gail_resumes(config, uninterrupted, tmp_path):
     assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
     resume(config, log_dir)
     assert differences(final_state(log_dir), uninterrupted) == []
+
+
+def test_killed_gail_resumes(config, uninterrupted, tmp_path):
+    # Inside its fourth checkpoint write (about ten file operations each).
+    kill_and_resume(config, tmp_path, 40, uninterrupted)
+
+
+@pytest.mark.expensive
+@pytest.mark.parametrize("trial", range(20))
+def test_killed_gail_resumes_20_trials(config, uninterrupted, tmp_path, trial):
+    kill_at = int(np.random.default_rng(100 + trial).integers(1, WRITE_OPERATIONS + 1))
+    kill_and_resume(config, tmp_path, kill_at, uninterrupted)
