@@ -54,7 +54,8 @@ def test_fast_trains_with_this_package_discriminator(tmp_path, algorithm, disc_s
         },
         command_name=algorithm,
     )
-    assert disc_steps and set(disc_steps) == {ex_class(algorithm)}
+    # The experiment trains a resumable subclass of this package's class.
+    assert disc_steps and all(issubclass(c, ex_class(algorithm)) for c in disc_steps)
     final = helpers.log_dir(run) / "checkpoints" / "final"
     for name in ("reward_train.pt", "reward_test.pt", "gen_policy"):
         assert (final / name).exists()

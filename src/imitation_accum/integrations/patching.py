@@ -223,7 +223,10 @@ def unpatch() -> None:
 
 @contextlib.contextmanager
 def preference_script_run(
-    *, env_id: Optional[str], initial_epoch_multiplier: float
+    *,
+    env_id: Optional[str],
+    initial_epoch_multiplier: float,
+    comparisons_cls: Optional[Callable[..., Any]] = None,
 ) -> Iterator[None]:
     """Settings imitation's preference script does not pass, for one run of it.
 
@@ -235,6 +238,8 @@ def preference_script_run(
     Args:
         env_id: The run's ``environment.gym_id``.
         initial_epoch_multiplier: imitation's ``PreferenceComparisons`` argument.
+        comparisons_cls: What to build instead of imitation's
+            ``PreferenceComparisons`` (same arguments), e.g. a resumable one.
 
     Yields:
         Nothing; the two settings hold inside the block.
@@ -259,7 +264,8 @@ def preference_script_run(
     swapped = {
         "PreferenceDataset": RunDataset,
         "PreferenceComparisons": functools.partial(
-            pc.PreferenceComparisons, initial_epoch_multiplier=initial_epoch_multiplier
+            comparisons_cls or pc.PreferenceComparisons,
+            initial_epoch_multiplier=initial_epoch_multiplier,
         ),
     }
     originals = {name: getattr(pc, name) for name in swapped}

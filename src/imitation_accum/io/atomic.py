@@ -1,7 +1,8 @@
 """Atomic files: written to a temporary sibling, ``fsync``-ed, renamed over the target.
 
-SIGTERM and SIGINT that arrive during a write take effect once it is done, so a
-stopped process leaves no temporary file behind.
+A directory of files (:func:`atomic_directory`) is written the same way. SIGTERM
+and SIGINT that arrive during a write take effect once it is done, so a stopped
+process leaves no temporary file behind.
 """
 
 import contextlib
@@ -9,6 +10,7 @@ import errno
 import os
 import pathlib
 import secrets
+import shutil
 import signal
 import threading
 from typing import IO, Any, Callable, Iterator, List, Tuple, Union
@@ -59,7 +61,7 @@ def atomic_write(path: AnyPath, write: Callable[[IO[bytes]], Any]) -> pathlib.Pa
     """
     target = pathlib.Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _stop_signals_deferred():
+    with stop_signals_deferred():
         fd, temporary = _make_temporary(target)
         try:
             try:
@@ -79,6 +81,46 @@ def atomic_write(path: AnyPath, write: Callable[[IO[bytes]], Any]) -> pathlib.Pa
             raise
     fsync_directory(target.parent)
     return target
+
+
+@contextlib.contextmanager
+def atomic_directory(path: AnyPath) -> Iterator[pathlib.Path]:
+    """A new directory ``path`` that appears complete or not at all.
+
+    The block writes its files into the temporary sibling directory it is given;
+    when the block ends, every file there is ``fsync``-ed and the directory renamed
+    to ``path``. If the block raises, the temporary directory is removed. A killed
+    process leaves only a temporary sibling, which :func:`remove_stale_temporaries`
+    removes.
+
+    Args:
+        path: The directory to create; it must not exist.
+
+    Yields:
+        The temporary directory to write into.
+
+    Raises:
+        FileExistsError: if ``path`` exists (checked before anything is written).
+    """
+    target = pathlib.Path(path)
+    if os.path.lexists(target):
+        raise FileExistsError(f"{str(target)!r} exists; not replacing it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with stop_signals_deferred():
+        temporary = temporary_sibling(target)
+        temporary.mkdir()
+        try:
+            yield temporary
+            for folder, _, files in os.walk(temporary):
+                for name in files:
+                    with open(os.path.join(folder, name), "rb") as file:
+                        os.fsync(file.fileno())
+                fsync_directory(pathlib.Path(folder))
+            os.rename(temporary, target)
+        except BaseException:
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise
+    fsync_directory(target.parent)
 
 
 class AtomicWriteError(OSError):
@@ -118,11 +160,14 @@ def _disk_full(directory: pathlib.Path) -> bool:
 
 
 @contextlib.contextmanager
-def _stop_signals_deferred() -> Iterator[None]:
-    # Python runs signal handlers between bytecodes, so a handler that exits (as
-    # the scripts' SIGTERM handler does) could otherwise run between creating the
-    # temporary file and the `try` that removes it. Handlers can only be changed in
-    # the main thread; elsewhere nothing is deferred.
+def stop_signals_deferred() -> Iterator[None]:
+    """SIGTERM and SIGINT received inside the block take effect when it ends.
+
+    Python runs signal handlers between bytecodes, so a handler that exits (as
+    the scripts' SIGTERM handler does) could otherwise run between creating a
+    temporary file and the ``try`` that removes it. Handlers can only be changed
+    in the main thread; elsewhere nothing is deferred.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -161,12 +206,19 @@ def _make_temporary(target: pathlib.Path) -> Tuple[int, str]:
 
 
 def remove_stale_temporaries(path: AnyPath) -> List[pathlib.Path]:
-    """Deletes (and returns) temporary files of killed atomic writes to ``path``."""
+    """Deletes (and returns) temporaries of killed atomic writes to ``path``.
+
+    Files of :func:`atomic_write`, directories of :func:`atomic_directory`.
+    """
     target = pathlib.Path(path)
     if not target.parent.is_dir():
         return []
     removed = []
     for stale in target.parent.glob(f".{target.name}.*{TEMPORARY_SUFFIX}"):
+        if stale.is_dir() and not stale.is_symlink():  # of atomic_directory
+            shutil.rmtree(stale, ignore_errors=True)
+            removed.append(stale)
+            continue
         with contextlib.suppress(FileNotFoundError):
             stale.unlink()
             removed.append(stale)

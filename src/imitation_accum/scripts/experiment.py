@@ -20,6 +20,7 @@ import sys
 import textwrap
 from typing import (
     Any,
+    Callable,
     ContextManager,
     Dict,
     Iterator,
@@ -39,6 +40,7 @@ from sacred.config.config_files import get_handler
 from sacred.observers import FileStorageObserver
 from sacred.utils import convert_to_nested_dict, ensure_wellformed_argv
 from stable_baselines3.common import logger as sb_logger
+from stable_baselines3.common import monitor
 
 from imitation_accum.integrations.patching import patched
 from imitation_accum.io import atomic
@@ -70,6 +72,15 @@ class PatchedExperiment(sacred.Experiment):
     def command_docs(self) -> Dict[str, str]:
         """Help of commands whose functions have no docstring (imitation's)."""
         return {}
+
+    @functools.cached_property
+    def update_hooks(self) -> List[Callable[[Dict[str, Any]], Dict[str, Any]]]:
+        """Functions of the user's config updates (nested), run before sacred's config.
+
+        Each returns the updates to use; one that raises refuses the run before
+        sacred builds it (no run record, no file).
+        """
+        return []
 
     def add_alternatives(self, section: str, *names: str) -> None:
         """Declares the keys ``names`` of config ``section`` (a dict) alternatives."""
@@ -121,6 +132,8 @@ class PatchedExperiment(sacred.Experiment):
     ) -> sacred.run.Run:
         """``sacred.Experiment.run`` with imitation patched and alternatives applied."""
         updates = user_alternatives_win(config_updates or {}, self.alternatives)
+        for hook in self.update_hooks:
+            updates = hook(updates)
         with patched(), self._own_keys_quiet(), contextlib.ExitStack() as held:
             self._held = held
             try:
@@ -407,6 +420,51 @@ class _AppendingLogger(imit_logger.HierarchicalLogger):
             self._cached_loggers[subdir] = sb_logger.Logger(str(folder), formats)
         with super().accumulate_means(name):
             yield
+
+
+class AppendingMonitor(monitor.Monitor):
+    """SB3's ``Monitor``, continuing its file (``override_existing=False``)."""
+
+    def __init__(self, env: Any, filename: Optional[str] = None, **kwargs: Any):
+        kwargs.setdefault("override_existing", False)
+        super().__init__(env, filename, **kwargs)
+
+
+@contextlib.contextmanager
+def appending_run_logs(format_strs: Sequence[str]) -> Iterator[None]:
+    """While open, imitation's scripts continue the logs of their run directory.
+
+    imitation's ``setup_logging`` and SB3's ``Monitor`` (``monitor/*.monitor.csv``)
+    open their files anew, emptying a resumed run's; inside the block the logger is
+    :func:`configure_logger`'s appending one and monitors append.
+
+    Args:
+        format_strs: The run's ``logging.log_format_strs``.
+
+    Yields:
+        Nothing.
+    """
+    from imitation.scripts.ingredients import logging as logging_ingredient
+    from imitation.scripts.ingredients import wb
+
+    def setup_logging() -> Tuple[imit_logger.HierarchicalLogger, pathlib.Path]:
+        log_dir = logging_ingredient.make_log_dir()
+        if "wandb" in format_strs:  # as imitation's setup_logging does
+            wb.wandb_init(log_dir=str(log_dir))
+        return configure_logger(log_dir / "log", format_strs, True), log_dir
+
+    swapped = [
+        (logging_ingredient, "setup_logging", setup_logging),
+        (monitor, "Monitor", AppendingMonitor),
+    ]
+    originals = [(module, name, getattr(module, name)) for module, name, _ in swapped]
+    for module, name, value in swapped:
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for module, name, value in originals:
+            setattr(module, name, value)
 
 
 # --- the sacred run record ---------------------------------------------------

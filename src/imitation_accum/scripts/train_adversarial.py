@@ -11,19 +11,74 @@ a local file (:mod:`imitation_accum.integrations.demonstrations` makes one)::
 
 The run directory (``output/{airl,gail}/<env>/<timestamp>``) holds the reward nets
 (``checkpoints/final/reward_{train,test}.pt``), the policy, logs and ``config.json``.
+
+Unless ``checkpoint_interval < 0``, a checkpoint is written atomically to
+``checkpoints/resume/`` every ``checkpoint_interval`` rounds (every round if 0) and
+after the last (:mod:`imitation_accum.adversarial.resumable`); ``resume_from=RUN_DIR``
+continues the run from its latest one, with the same command, named configs and
+updates (see ``docs/hardening.md``). SIGTERM ends a run with exit status 143, after
+the checkpoint write under way.
 """
 
-from typing import Any, Dict
+import contextlib
+import functools
+import pathlib
+from typing import Any, Dict, Optional
 
+from imitation.scripts import train_adversarial as imitation_script
 from imitation.scripts.train_adversarial import train_adversarial_ex as imitation_ex
 
 import imitation_accum
-from imitation_accum.adversarial import arguments
+from imitation_accum.adversarial import arguments, resumable
 from imitation_accum.integrations import rollout_reward
-from imitation_accum.scripts import config_checks, experiment, presets
+from imitation_accum.io import run_checkpoint
+from imitation_accum.scripts import config_checks, experiment, presets, resume
 
 train_adversarial_ex = experiment.derive(imitation_ex, doc=__doc__)
 ALGORITHMS = {"airl": imitation_accum.AIRL, "gail": imitation_accum.GAIL}
+#: ``resume_from``: its key, hooks and checks.
+RESUMES = resume.add_resume(
+    train_adversarial_ex, resumable.EXPERIMENT, (*resume.MAY_CHANGE, "show_config")
+)
+
+
+def _train(
+    command: str, resume_from: Optional[str], checkpoint_interval: int, _run: Any
+) -> Any:
+    # imitation's train_adversarial with a resumable AIRL or GAIL.
+    log_dir = pathlib.Path(_run.config["logging"]["log_dir"])
+    interval = int(checkpoint_interval)
+    checkpointing = run_checkpoint.Checkpointing(
+        log_dir=log_dir if interval >= 0 else None,
+        config=run_checkpoint.json_config(_run.config),
+        seed=int(_run.config["seed"]),
+        resume_from=resume.resumed_checkpoint(RESUMES, resume_from, _run),
+        interval=max(interval, 1),
+    )
+    algo_cls = functools.partial(
+        resumable.resumable_class(ALGORITHMS[command]),
+        checkpointing=checkpointing,
+        command=command,
+    )
+    with contextlib.ExitStack() as stack:
+        if resume_from is not None:
+            formats = _run.config["logging"]["log_format_strs"]
+            stack.enter_context(experiment.appending_run_logs(formats))
+        return imitation_script.train_adversarial(algo_cls=algo_cls)
+
+
+@train_adversarial_ex.command
+def airl(resume_from: Optional[str], checkpoint_interval: int, _run: Any) -> Any:
+    """Trains AIRL (see the experiment's help); checkpoints and resumes."""
+    return _train("airl", resume_from, checkpoint_interval, _run)
+
+
+@train_adversarial_ex.command
+def gail(resume_from: Optional[str], checkpoint_interval: int, _run: Any) -> Any:
+    """Trains GAIL (see the experiment's help); checkpoints and resumes."""
+    return _train("gail", resume_from, checkpoint_interval, _run)
+
+
 for _name in ALGORITHMS:
     train_adversarial_ex.command_docs[_name] = (
         f"Trains {_name.upper()} (imitation_accum.{_name.upper()}) on "
@@ -118,7 +173,11 @@ presets.add_named_configs(train_adversarial_ex, FAST, presets.adversarial_config
 
 
 def main_console() -> None:
-    """The command line; runs are recorded under ``output/sacred/``."""
+    """The command line; runs are recorded under ``output/sacred/``.
+
+    SIGTERM ends a run with exit status 143, after the checkpoint write under way.
+    """
+    experiment.stop_on_signals()
     experiment.main_console(train_adversarial_ex)
 
 

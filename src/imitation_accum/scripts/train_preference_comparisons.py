@@ -14,10 +14,27 @@ The run directory (``output/train_preference_comparisons/<env>/<timestamp>``) ho
 the reward net (``checkpoints/final/reward_net.pt``), the agent, logs and
 ``config.json``; with ``save_preferences=True`` also ``preferences.pkl``, a frame
 store recording ``environment.gym_id`` (``train_reward_model`` reads it from there).
-Added key: ``initial_epoch_multiplier`` (imitation's script does not pass one).
+Added keys: ``initial_epoch_multiplier`` (imitation's script does not pass one) and
+``resume_from``. Unless ``checkpoint_interval < 0``, a checkpoint is written atomically
+to ``checkpoints/resume/`` at the end of every iteration
+(:mod:`imitation_accum.preference.resumable`); ``resume_from=RUN_DIR`` continues the
+run in ``RUN_DIR`` from its latest one, appending to its logs::
+
+    python -m imitation_accum.scripts.train_preference_comparisons with \
+        resume_from=output/train_preference_comparisons/.../20260101_120000_abcdef
+
+A resumed run takes the run's seed and directory and must have its config (the same
+named configs and updates): a changed key is refused, naming it, unless it may
+change (``total_timesteps``, ``logging.*``, ``checkpoint_interval``,
+``save_preferences``, ``policy_evaluation.*``, ``reward_trainer_kwargs.progress_bar``),
+which is logged. SIGTERM ends a run with exit status 143, after the checkpoint write
+under way.
 """
 
-from typing import Any, Dict, Mapping
+import contextlib
+import functools
+import pathlib
+from typing import Any, Dict, Mapping, Optional
 
 from imitation.algorithms import preference_comparisons as pc
 from imitation.scripts.train_preference_comparisons import (
@@ -27,7 +44,9 @@ from imitation.scripts.train_preference_comparisons import (
 import imitation_accum
 from imitation_accum import _validation
 from imitation_accum.integrations import patching, rollout_reward
-from imitation_accum.scripts import config_checks, experiment, presets
+from imitation_accum.io import run_checkpoint
+from imitation_accum.preference import resumable
+from imitation_accum.scripts import config_checks, experiment, presets, resume
 
 train_preference_comparisons_ex = experiment.derive(imitation_ex, doc=__doc__)
 #: imitation's main command, called by this experiment's.
@@ -41,19 +60,51 @@ def initial_epochs() -> None:
     locals()  # quieten flake8
 
 
+#: ``resume_from``: its key, hooks and checks.
+RESUMES = resume.add_resume(
+    train_preference_comparisons_ex,
+    resumable.EXPERIMENT,
+    (*resume.MAY_CHANGE, "save_preferences", "reward_trainer_kwargs.progress_bar"),
+)
+
+
 @train_preference_comparisons_ex.main
 def train_preference_comparisons(
-    initial_epoch_multiplier: float, environment: Mapping[str, Any]
+    initial_epoch_multiplier: float,
+    environment: Mapping[str, Any],
+    resume_from: Optional[str],
+    checkpoint_interval: int,
+    _run: Any,
 ) -> Mapping[str, Any]:
     """Trains a reward model and agent by preference comparisons (imitation's main).
+
+    Checkpoints every iteration and resumes (see the module's docstring).
 
     Returns:
         What imitation's main returns: rollout statistics of the trained policy.
     """
-    with patching.preference_script_run(
-        env_id=environment["gym_id"],
-        initial_epoch_multiplier=initial_epoch_multiplier,
-    ):
+    log_dir = pathlib.Path(_run.config["logging"]["log_dir"])
+    checkpoint = resume.resumed_checkpoint(RESUMES, resume_from, _run)
+    checkpointing = run_checkpoint.Checkpointing(
+        log_dir=log_dir if int(checkpoint_interval) >= 0 else None,
+        config=run_checkpoint.json_config(_run.config),
+        seed=int(_run.config["seed"]),
+        resume_from=checkpoint,
+    )
+    with contextlib.ExitStack() as stack:
+        if resume_from is not None:
+            formats = _run.config["logging"]["log_format_strs"]
+            stack.enter_context(experiment.appending_run_logs(formats))
+        stack.enter_context(
+            patching.preference_script_run(
+                env_id=environment["gym_id"],
+                initial_epoch_multiplier=initial_epoch_multiplier,
+                comparisons_cls=functools.partial(
+                    resumable.ResumablePreferenceComparisons,
+                    checkpointing=checkpointing,
+                ),
+            )
+        )
         return _imitation_main()
 
 
@@ -190,7 +241,11 @@ train_preference_comparisons_ex.add_named_config("gpu_bf16", presets.GPU_BF16)
 
 
 def main_console() -> None:
-    """The command line; runs are recorded under ``output/sacred/``."""
+    """The command line; runs are recorded under ``output/sacred/``.
+
+    SIGTERM ends a run with exit status 143, after the checkpoint write under way.
+    """
+    experiment.stop_on_signals()
     experiment.main_console(train_preference_comparisons_ex)
 
 

@@ -1,0 +1,316 @@
+"""Preference comparisons that checkpoint every iteration and resume bit for bit.
+
+:class:`ResumablePreferenceComparisons` is imitation's ``PreferenceComparisons`` with a
+checkpoint (:mod:`imitation_accum.io.run_checkpoint`) written at the end of every
+iteration, and a ``train()`` that starts after the iterations a checkpoint holds. A
+checkpoint holds:
+
+- ``state.pt`` (tensors and plain values, read with ``weights_only=True``): the
+  reward trainer's :class:`~imitation_accum.io.training_state.TrainingState` (net with
+  its norm statistics, optimizer, generator, regularizer; one per ensemble member
+  too), the iterations completed, the query schedule, every generator (trainer,
+  fragmenter, gatherer, agent trainer, exploration; ``random``, numpy's and torch's
+  global ones), which policy the exploration wrapper is on, the last reward loss;
+- ``agent.zip``: the SB3 agent as SB3 saves it, optimizer and counters included;
+- ``environments.pkl``: the agent's vector environment, every layer
+  (:func:`imitation_accum.io.run_state.save_environments`), where it pickles;
+- ``preferences/``: the preference dataset, a frame store. The store has no
+  in-place append: each checkpoint writes it whole (``docs/hardening.md``).
+
+A resumed run equals the uninterrupted one bit for bit where the environments were
+saved; elsewhere they restart from ``reset`` with a seed derived from the run's seed
+and the iteration, which is logged.
+"""
+
+import dataclasses
+import math
+import pathlib
+import pickle
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast
+
+import numpy as np
+import torch as th
+from imitation.algorithms import preference_comparisons as pc
+from imitation.util import util
+
+from imitation_accum.io import run_checkpoint, run_state, training_state
+from imitation_accum.preference.dataset import PreferenceDataset
+
+#: The experiment whose checkpoints these are.
+EXPERIMENT = "train_preference_comparisons"
+_STATE = "state.pt"
+_AGENT = "agent.zip"
+_ENVIRONMENTS = "environments.pkl"
+_PREFERENCES = "preferences"
+
+
+class ResumablePreferenceComparisons(pc.PreferenceComparisons):
+    """imitation's ``PreferenceComparisons``, checkpointed every iteration.
+
+    Args:
+        *args: imitation's arguments.
+        checkpointing: Where to write checkpoints and what to resume.
+        **kwargs: imitation's keyword arguments.
+
+    Example:
+        >>> trainer = ResumablePreferenceComparisons(  # doctest: +SKIP
+        ...     agent_trainer, reward_net, num_iterations=10,
+        ...     checkpointing=run_checkpoint.Checkpointing(log_dir, config, seed))
+        >>> trainer.train(total_timesteps, total_comparisons)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        checkpointing: run_checkpoint.Checkpointing,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.checkpointing = checkpointing
+        self._results: Tuple[Optional[float], Optional[float]] = (None, None)
+        self._unsaved_environments: Optional[str] = None
+
+    def train(
+        self,
+        total_timesteps: int,
+        total_comparisons: int,
+        callback: Optional[Callable[[int], None]] = None,
+    ) -> Mapping[str, Any]:
+        """Trains as imitation's ``train()``; resumes first, checkpoints each iteration.
+
+        A copy of imitation 1.0.1's loop, which cannot start at an iteration: the
+        same steps in the same order, from ``self._iteration``.
+
+        Returns:
+            The final reward loss and accuracy, as imitation's.
+        """
+        initial_comparisons = int(total_comparisons * self.initial_comparison_frac)
+        total_comparisons -= initial_comparisons
+        vec_schedule = np.vectorize(self.query_schedule)
+        unnormalized_probs = vec_schedule(np.linspace(0, 1, self.num_iterations))
+        probs = unnormalized_probs / np.sum(unnormalized_probs)
+        shares = util.oric(probs * total_comparisons)
+        schedule = [initial_comparisons, *shares.tolist()]
+        print(f"Query schedule: {schedule}")
+        timesteps_per_iteration, extra_timesteps = divmod(
+            total_timesteps, self.num_iterations
+        )
+        if self.checkpointing.resume_from is not None:
+            self._resume(self.checkpointing.resume_from, schedule)
+        reward_loss, reward_accuracy = self._results
+
+        for i, num_pairs in enumerate(schedule):
+            if i < self._iteration:  # done before the checkpoint resumed
+                continue
+            num_steps = math.ceil(
+                self.transition_oversampling * 2 * num_pairs * self.fragment_length
+            )
+            self.logger.log(
+                f"Collecting {2 * num_pairs} fragments ({num_steps} transitions)"
+            )
+            trajectories = self.trajectory_generator.sample(num_steps)
+            horizons = (len(traj) for traj in trajectories if traj.terminal)
+            self._check_fixed_horizon(horizons)
+            self.logger.log("Creating fragment pairs")
+            fragments = self.fragmenter(trajectories, self.fragment_length, num_pairs)
+            with self.logger.accumulate_means("preferences"):
+                self.logger.log("Gathering preferences")
+                preferences = self.preference_gatherer(fragments)
+            self.dataset.push(fragments, preferences)
+            self.logger.log(f"Dataset now contains {len(self.dataset)} comparisons")
+
+            epoch_multiplier = self.initial_epoch_multiplier if i == 0 else 1.0
+            self.reward_trainer.train(self.dataset, epoch_multiplier=epoch_multiplier)
+            base_key = self.logger.get_accumulate_prefixes() + "reward/final/train"
+            assert f"{base_key}/loss" in self.logger.name_to_value
+            assert f"{base_key}/accuracy" in self.logger.name_to_value
+            reward_loss = self.logger.name_to_value[f"{base_key}/loss"]
+            reward_accuracy = self.logger.name_to_value[f"{base_key}/accuracy"]
+
+            num_steps = timesteps_per_iteration
+            if i == self.num_iterations - 1:
+                num_steps += extra_timesteps
+            with self.logger.accumulate_means("agent"):
+                self.logger.log(f"Training agent for {num_steps} timesteps")
+                self.trajectory_generator.train(steps=num_steps)
+
+            self.logger.dump(self._iteration)
+            if callback:
+                callback(self._iteration)
+            self._iteration += 1
+            self._results = (reward_loss, reward_accuracy)
+            self._checkpoint(schedule)
+        return {"reward_loss": reward_loss, "reward_accuracy": reward_accuracy}
+
+    # What a checkpoint holds ------------------------------------------------------
+
+    def _agent(self) -> Any:
+        generator = self.trajectory_generator
+        return generator.algorithm if isinstance(generator, pc.AgentTrainer) else None
+
+    def _generators(self) -> Dict[str, np.random.Generator]:
+        owners = {
+            "preference_comparisons": self,
+            "reward_trainer": self.reward_trainer,
+            "fragmenter": self.fragmenter,
+            "base_fragmenter": getattr(self.fragmenter, "base_fragmenter", None),
+            "gatherer": self.preference_gatherer,
+            "trajectory_generator": self.trajectory_generator,
+            "exploration": getattr(
+                self.trajectory_generator, "exploration_wrapper", None
+            ),
+        }
+        for i, member in enumerate(getattr(self.reward_trainer, "member_trainers", [])):
+            owners[f"reward_trainer.member{i}"] = member
+        found = {}
+        for name, owner in owners.items():
+            rng = getattr(owner, "rng", None)
+            if isinstance(rng, np.random.Generator):
+                found[name] = rng
+        return found
+
+    def _shared(self) -> Dict[str, Any]:
+        # What the environments refer to that this run builds itself.
+        agent = self._agent()
+        shared: Dict[str, Any] = {"reward_net": self.model}
+        if agent is not None:
+            shared.update(agent=agent, policy=agent.policy)
+        return shared
+
+    def _exploring(self) -> Optional[bool]:
+        wrapper = getattr(self.trajectory_generator, "exploration_wrapper", None)
+        if wrapper is None:
+            return None
+        return wrapper.current_policy == wrapper._random_policy
+
+    def _state(self, schedule: List[int]) -> Dict[str, Any]:
+        trainer = cast(pc.BasicRewardTrainer, self.reward_trainer)
+        members = getattr(trainer, "member_trainers", [])
+        return {
+            "iteration": int(self._iteration),
+            "schedule": [int(n) for n in schedule],
+            "trainer": dataclasses.asdict(
+                training_state.capture_state(trainer, epoch=self._iteration)
+            ),
+            "members": [
+                dataclasses.asdict(
+                    training_state.capture_state(m, epoch=self._iteration)
+                )
+                for m in members
+            ],
+            "generators": run_state.capture_generators(self._generators()),
+            "exploring": self._exploring(),
+            "results": [None if v is None else float(v) for v in self._results],
+        }
+
+    def _write_files(
+        self, directory: pathlib.Path, schedule: List[int]
+    ) -> Dict[str, Any]:
+        th.save(self._state(schedule), directory / _STATE)
+        agent = self._agent()
+        environments = "no agent"
+        if agent is not None:
+            (directory / _AGENT).write_bytes(run_state.save_agent(agent))
+            environments = self._save_environments(agent, directory)
+        if len(self.dataset):
+            if not isinstance(self.dataset, PreferenceDataset):
+                raise TypeError(
+                    "checkpoints hold imitation_accum's PreferenceDataset (run under "
+                    f"imitation_accum.patched()), not a {type(self.dataset).__name__}"
+                )
+            self.dataset.save(directory / _PREFERENCES)
+        return {"iteration": int(self._iteration), "environments": environments}
+
+    def _save_environments(self, agent: Any, directory: pathlib.Path) -> str:
+        venv = agent.get_env()
+        try:
+            saved = run_state.save_environments(venv, self._shared())
+        except (TypeError, AttributeError, ValueError, pickle.PicklingError) as error:
+            if self._unsaved_environments is None:
+                self.logger.warn(
+                    f"The environments cannot be saved ({error}): a resumed run "
+                    "restarts them from reset with a seed derived from the run's "
+                    "seed and the iteration, and is not bit-identical to an "
+                    "uninterrupted one"
+                )
+            self._unsaved_environments = str(error)
+            return f"not saved: {error}"
+        (directory / _ENVIRONMENTS).write_bytes(saved)
+        return "saved"
+
+    def _checkpoint(self, schedule: List[int]) -> None:
+        log_dir = self.checkpointing.log_dir
+        if log_dir is None:
+            return
+        start = time.perf_counter()
+        path = run_checkpoint.write(
+            log_dir,
+            self._iteration,
+            experiment=EXPERIMENT,
+            command=EXPERIMENT,
+            config=self.checkpointing.config,
+            write_files=lambda directory: self._write_files(directory, schedule),
+        )
+        self.logger.log(
+            f"Checkpoint after iteration {self._iteration} written to {path} in "
+            f"{time.perf_counter() - start:.3f} s"
+        )
+
+    # Resuming ---------------------------------------------------------------------
+
+    def _resume(self, checkpoint: pathlib.Path, schedule: List[int]) -> None:
+        where = f"checkpoint {str(checkpoint)!r}"
+        state = th.load(checkpoint / _STATE, map_location="cpu", weights_only=True)
+        if state["schedule"] != [int(n) for n in schedule]:
+            raise ValueError(
+                f"{where} was written for the query schedule {state['schedule']}, "
+                f"but this run's is {schedule}: resume with the same "
+                "total_comparisons, num_iterations, initial_comparison_frac and "
+                "query_schedule"
+            )
+        trainer = cast(pc.BasicRewardTrainer, self.reward_trainer)
+        training_state.restore_state(
+            trainer, training_state.TrainingState(**state["trainer"]), checkpoint
+        )
+        members = getattr(trainer, "member_trainers", [])
+        for member, saved in zip(members, state["members"]):
+            training_state.restore_state(
+                member, training_state.TrainingState(**saved), checkpoint
+            )
+        if (checkpoint / _PREFERENCES).is_dir():
+            loaded = PreferenceDataset.load(checkpoint / _PREFERENCES)
+            vars(self.dataset).update(vars(loaded))
+        agent = self._agent()
+        if agent is not None:
+            run_state.restore_agent(
+                agent, run_checkpoint.file_bytes(checkpoint, _AGENT), where
+            )
+            self._restore_environments(agent, checkpoint, where, state["iteration"])
+        exploring = state["exploring"]
+        wrapper = getattr(self.trajectory_generator, "exploration_wrapper", None)
+        if wrapper is not None and exploring is not None:
+            wrapper.current_policy = (
+                wrapper._random_policy if exploring else wrapper.wrapped_policy
+            )
+        run_state.restore_generators(self._generators(), state["generators"], where)
+        self._iteration = int(state["iteration"])
+        loss, accuracy = state["results"]
+        self._results = (loss, accuracy)
+        self.logger.log(f"Resumed from {checkpoint} after iteration {self._iteration}")
+
+    def _restore_environments(
+        self, agent: Any, checkpoint: pathlib.Path, where: str, iteration: int
+    ) -> None:
+        venv = agent.get_env()
+        if (checkpoint / _ENVIRONMENTS).is_file():
+            saved = run_checkpoint.file_bytes(checkpoint, _ENVIRONMENTS)
+            run_state.restore_environments(venv, saved, self._shared(), where)
+            return
+        seed = run_state.derived_seed(self.checkpointing.seed, iteration)
+        run_state.reseed_environments(agent, venv, seed)
+        self.logger.warn(
+            f"{where} holds no environments (they could not be saved): they restart "
+            f"from reset with seed {seed} (derived from the run's seed "
+            f"{self.checkpointing.seed} and iteration {iteration})"
+        )

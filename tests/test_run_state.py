@@ -1,0 +1,139 @@
+"""Parts of an online run's checkpoint: environments, expert batches, directories."""
+
+import functools
+import pickle
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from stable_baselines3.common import vec_env
+from torch.utils import data as data_th
+
+from imitation_accum.adversarial.resumable import ExpertBatches
+from imitation_accum.io import atomic, run_checkpoint, run_state
+
+
+def make_venv(seed=0):
+    venv = vec_env.DummyVecEnv([lambda: gym.make("CartPole-v1")] * 2)
+    venv.seed(seed)
+    venv.reset()
+    return venv
+
+
+def rollout(venv, steps=30):
+    return [venv.step(np.array([t % 2, (t // 2) % 2]))[0] for t in range(steps)]
+
+
+def test_environments_restored_step_on_as_the_saved_ones():
+    venv = make_venv()
+    rollout(venv, 7)
+    saved = run_state.save_environments(venv, {})
+    expected = rollout(venv)
+    other = make_venv(seed=123)  # another run's, in another state
+    run_state.restore_environments(other, saved, {}, "test")
+    assert all(np.array_equal(a, b) for a, b in zip(rollout(other), expected))
+    # Without the restore they differ: the check above can fail.
+    fresh = make_venv(seed=123)
+    assert not all(np.array_equal(a, b) for a, b in zip(rollout(fresh), expected))
+
+
+def test_vec_normalize_statistics_are_saved_with_the_environments():
+    venv = vec_env.VecNormalize(make_venv())
+    rollout(venv, 9)
+    saved = run_state.save_environments(venv, {})
+    other = vec_env.VecNormalize(make_venv(seed=5))
+    run_state.restore_environments(other, saved, {}, "test")
+    assert np.array_equal(other.obs_rms.mean, venv.obs_rms.mean)
+    assert np.array_equal(other.ret_rms.var, venv.ret_rms.var)
+    assert all(np.array_equal(a, b) for a, b in zip(rollout(other), rollout(venv)))
+
+
+def test_environments_referring_to_an_unnamed_net_are_not_saved():
+    venv = make_venv()
+    venv.envs[0].unwrapped.net = th.nn.Linear(1, 1)
+    with pytest.raises(pickle.PicklingError, match="Linear"):
+        run_state.save_environments(venv, {})
+    net = venv.envs[0].unwrapped.net
+    saved = run_state.save_environments(venv, {"net": net})
+    other = make_venv()
+    other.envs[0].unwrapped.net = th.nn.Linear(1, 1)
+    run_state.restore_environments(other, saved, {"net": net}, "test")
+    assert other.envs[0].unwrapped.net is net  # the named object, not a copy
+
+
+def test_expert_batches_resume_inside_a_pass():
+    loader = data_th.DataLoader(list(range(10)), 3, shuffle=True, drop_last=True)
+    th.manual_seed(0)
+    batches = ExpertBatches(loader)
+    for _ in range(4):  # one pass of three batches and one of the next
+        next(batches)
+    state, rng = batches.state(), th.get_rng_state()
+    expected = [next(batches).tolist() for _ in range(5)]
+    th.manual_seed(99)
+    resumed = ExpertBatches(loader)
+    resumed.restore(state)
+    th.set_rng_state(rng)
+    assert [next(resumed).tolist() for _ in range(5)] == expected
+    th.set_rng_state(rng)  # not restored: a new pass, other batches
+    fresh = ExpertBatches(loader)
+    assert [next(fresh).tolist() for _ in range(5)] != expected
+
+
+def test_atomic_directory_is_complete_or_absent(tmp_path):
+    target = tmp_path / "checkpoint"
+    with pytest.raises(RuntimeError), atomic.atomic_directory(target) as temporary:
+        (temporary / "a").write_bytes(b"1")
+        raise RuntimeError
+    assert list(tmp_path.iterdir()) == []
+    with atomic.atomic_directory(target) as temporary:
+        (temporary / "a").write_bytes(b"1")
+    assert (target / "a").read_bytes() == b"1"
+    killed = atomic.temporary_sibling(target)
+    killed.mkdir()  # what a process killed inside the block leaves
+    (killed / "a").write_bytes(b"")
+    assert atomic.remove_stale_temporaries(target) == [killed]
+    assert not killed.exists()
+    refused = pytest.raises(FileExistsError, match="checkpoint")
+    with refused, atomic.atomic_directory(target):
+        pass
+
+
+def test_a_write_keeps_the_last_checkpoint_and_removes_partial_ones(tmp_path):
+    def write(count):
+        return run_checkpoint.write(
+            tmp_path,
+            count,
+            experiment="e",
+            command="c",
+            config={"seed": 1},
+            write_files=lambda d: (d / "f").write_bytes(b"x" * count) and {},
+        )
+
+    write(1)
+    partial = run_checkpoint.root(tmp_path) / f".000002.x{atomic.TEMPORARY_SUFFIX}"
+    partial.mkdir()  # a write killed before its rename
+    assert run_checkpoint.complete(run_checkpoint.root(tmp_path))[-1].name == "000001"
+    last = write(2)
+    assert run_checkpoint.complete(run_checkpoint.root(tmp_path)) == [last]
+    assert not partial.exists()
+    manifest = run_checkpoint.read_manifest(last, "e", "resume_from")
+    assert manifest["files"]["f"]["bytes"] == 2
+    with pytest.raises(ValueError, match="is a checkpoint of 'e', not of other"):
+        run_checkpoint.read_manifest(last, "other", "resume_from")
+
+
+def test_configs_compare_key_by_key():
+    saved = {"a": {"b": 1, "c": {}}, "logging": {"log_dir": "x"}}
+    compare = functools.partial(
+        run_checkpoint.compare_configs, may_change=["logging."], where="w", hint=""
+    )
+    # An empty section is no key; a key that may change is returned.
+    assert compare(saved, {"a": {"b": 1}, "logging": {"log_dir": "y"}}) == [
+        ("logging.log_dir", "'x'", "'y'")
+    ]
+    with pytest.raises(ValueError, match=r"w was written with a.b=1, but this run"):
+        compare(saved, {"a": {"b": 2}, "logging": {"log_dir": "x"}})
+    shown = r"without a.d, but this run has a.d=\(1, 2\)"
+    with pytest.raises(ValueError, match=shown):
+        compare(saved, {"a": {"b": 1, "d": {"py/tuple": [1, 2]}}})
