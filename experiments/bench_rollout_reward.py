@@ -2,23 +2,24 @@
 
 Runs the README's quickstart (``configs/pong_cpu_quickstart.json``: Pong, 8 envs,
 PPO rollouts of 128 steps, a ``NormalizedRewardNet(CnnRewardNet)``) end to end,
-twice in one process from the same seed: with ``batched_rollout_reward=False``
-(imitation's path: one reward-net call of 8 frames per environment step, and
-``AgentTrainer.sample``'s extra rollouts rewarded too) and with the default
-``True``. Timers around SB3's ``collect_rollouts`` and the learned-reward
-computation give the reward's share of rollout time and its cost per frame.
+in pairs of runs in one process from the same seed (``--repeats``, the order
+within a pair alternating, so load from other jobs falls on both paths): with
+``batched_rollout_reward=False`` (imitation's path: one reward-net call of 8
+frames per environment step, and ``AgentTrainer.sample``'s extra rollouts
+rewarded too) and with the default ``True``. Timers around SB3's
+``collect_rollouts`` and the learned-reward computation give the reward's share
+of rollout time and its cost per frame.
 
 By default the quickstart is shortened: its first reward-model training runs one
-epoch instead of imitation's 200 (``initial_epoch_multiplier=1``; 21 minutes on
-the shared 2-core machine this was written on). Reward-model training is the same
-on both paths, so this shortens the run, not the difference between the paths;
-the whole-run ratio of the full quickstart is smaller. ``--full`` runs it as the
-README gives it.
+epoch instead of the quickstart's 4 (``initial_epoch_multiplier``). Reward-model
+training is the same on both paths, so this shortens the run, not the difference
+between the paths; the whole-run ratio of the full quickstart is smaller.
+``--full`` runs it as the README gives it.
 
 Usage::
 
     python experiments/bench_rollout_reward.py
-    python experiments/bench_rollout_reward.py --full
+    python experiments/bench_rollout_reward.py --full --repeats 1
     python experiments/bench_rollout_reward.py --quick --out-dir /tmp/bench
 
 Writes ``bench_rollout_reward.md`` to ``--out-dir`` (default ``docs/results/``;
@@ -31,8 +32,9 @@ import contextlib
 import os
 import tempfile
 import time
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, List, Tuple
 
+import numpy as np
 from imitation.algorithms import preference_comparisons as pc
 from imitation.rewards import reward_nets
 from sacred.config import load_config_file
@@ -136,15 +138,20 @@ def run_once(batched: bool, quick: bool, full: bool = False) -> Dict[str, float]
         with timed(timers, batched), contextlib.ExitStack() as stack:
             if not full:
                 stack.enter_context(initial_epochs(1))
-            ex.run(
+            run = ex.run(
                 config_updates=updates,
                 named_configs=["fast"] if quick else [],
                 options={"--loglevel": "ERROR"},
             )
         wall = time.perf_counter() - start
+    result = run.result or {}
+    policy = result.get("imit_stats", {})
     return {
         "wall_s": wall,
         **timers.figures,
+        "reward_accuracy": float(result.get("reward_accuracy", float("nan"))),
+        "reward_loss": float(result.get("reward_loss", float("nan"))),
+        "policy_return": float(policy.get("monitor_return_mean", float("nan"))),
         "load": (load_before + os.getloadavg()[0]) / 2,
     }
 
@@ -153,10 +160,22 @@ def _f(value: float) -> str:
     return f"{value:.4g}"
 
 
-def table(results: Dict[str, Dict[str, float]]) -> str:
-    """The Markdown table: one row per path, then the ratios."""
+def _row(name: str, r: Dict[str, float]) -> str:
+    share = r["reward_s"] / r["rollout_s"] if r["rollout_s"] else 0.0
+    per_frame = 1e3 * r["reward_s"] / r["frames"] if r["frames"] else 0.0
+    return (
+        f"| {name} | {_f(r['wall_s'])} | {_f(r['rollout_s'])} | "
+        f"{_f(r['reward_s'])} | {share:.3f} | {int(r['frames'])} | "
+        f"{_f(per_frame)} | {_f(r['other_reward_s'])} "
+        f"({int(r['other_frames'])}) | {r['reward_accuracy']:.4f} | "
+        f"{r['reward_loss']:.4f} | {_f(r['policy_return'])} | {r['load']:.1f} |"
+    )
+
+
+def table(runs: List[Tuple[str, Dict[str, float]]]) -> str:
+    """The Markdown table: one row per run in run order, then the paired ratios."""
     header = [
-        "path",
+        "run",
         "wall s",
         "rollouts s",
         "learned reward in rollouts s",
@@ -164,30 +183,43 @@ def table(results: Dict[str, Dict[str, float]]) -> str:
         "frames rewarded in rollouts",
         "ms per frame",
         "learned reward outside rollouts s (frames)",
+        "final reward accuracy",
+        "final reward loss",
+        "policy return (environment's reward)",
         "load average",
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for name, r in results.items():
-        share = r["reward_s"] / r["rollout_s"] if r["rollout_s"] else 0.0
-        per_frame = 1e3 * r["reward_s"] / r["frames"] if r["frames"] else 0.0
-        lines.append(
-            f"| {name} | {_f(r['wall_s'])} | {_f(r['rollout_s'])} | "
-            f"{_f(r['reward_s'])} | {share:.3f} | {int(r['frames'])} | "
-            f"{_f(per_frame)} | {_f(r['other_reward_s'])} "
-            f"({int(r['other_frames'])}) | {r['load']:.1f} |"
+    lines += [_row(name, r) for name, r in runs]
+    pairs = list(
+        zip(
+            [r for name, r in runs if name.startswith("per step")],
+            [r for name, r in runs if name.startswith("batched")],
         )
-    step, batch = results["per step"], results["batched"]
-    share_step = step["reward_s"] / step["rollout_s"]
-    share_batch = batch["reward_s"] / batch["rollout_s"]
-    per_frame_ratio = (step["reward_s"] / step["frames"]) / (
-        batch["reward_s"] / batch["frames"]
+    )
+
+    def median(values: List[float]) -> float:
+        return float(np.median(values))
+
+    whole = median([step["wall_s"] / batch["wall_s"] for step, batch in pairs])
+    share = median(
+        [
+            (batch["reward_s"] / batch["rollout_s"])
+            / (step["reward_s"] / step["rollout_s"])
+            for step, batch in pairs
+        ]
+    )
+    per_frame = median(
+        [
+            (step["reward_s"] / step["frames"]) / (batch["reward_s"] / batch["frames"])
+            for step, batch in pairs
+        ]
     )
     lines += [
         "",
-        f"Whole run, per step / batched: {step['wall_s'] / batch['wall_s']:.2f}x. "
-        f"Learned reward's share of rollout time, batched / per step: "
-        f"{share_batch / share_step:.2f}. Cost per frame in rollouts, per step / "
-        f"batched: {per_frame_ratio:.2f}x.",
+        f"Medians over the {len(pairs)} pairs (each pair's ratio): whole run, per "
+        f"step / batched: {whole:.2f}x. Learned reward's share of rollout time, "
+        f"batched / per step: {share:.2f}. Cost per frame in rollouts, per step / "
+        f"batched: {per_frame:.2f}x.",
     ]
     return "\n".join(lines)
 
@@ -200,16 +232,26 @@ def main() -> None:
     parser.add_argument(
         "--full",
         action="store_true",
-        help="the whole quickstart (200 epochs of first reward-model training)",
+        help="the whole quickstart (its first reward-model training not shortened)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="pairs of runs; the order within a pair alternates (default 3)",
     )
     _results.add_out_dir(parser)
     args = parser.parse_args()
     out_dir = _results.resolve_out_dir(args)
     run_once(batched=True, quick=True)  # warm-up: imports and first calls
-    results = {
-        "per step": run_once(batched=False, quick=args.quick, full=args.full),
-        "batched": run_once(batched=True, quick=args.quick, full=args.full),
-    }
+    runs: List[Tuple[str, Dict[str, float]]] = []
+    for repeat in range(args.repeats):
+        order = (False, True) if repeat % 2 == 0 else (True, False)
+        for batched in order:
+            name = f"{'batched' if batched else 'per step'} {repeat + 1}"
+            runs.append(
+                (name, run_once(batched=batched, quick=args.quick, full=args.full))
+            )
     what = (
         "imitation's CartPole experiment with `fast`"
         if args.quick
@@ -218,11 +260,12 @@ def main() -> None:
     )
     text = (
         "# The learned reward in rollouts: per step against batched\n\n"
-        f"{what} end to end, both paths in one "
-        "process from seed 0 after a short warm-up run, per step first. The "
-        "machine is shared with other "
-        "jobs (load average in the table): figures vary run to run. No GPU: "
-        "CPU only.\n\n" + table(results)
+        f"{what} end to end, from seed 0 after a short warm-up run, in "
+        f"{args.repeats} pairs of runs in one process, the order within a pair "
+        "alternating. The final reward accuracy and loss are the reward model's "
+        "last training; the policy return is imitation's evaluation of the final "
+        "policy. The machine may be shared with other jobs (load average in the "
+        "table). No GPU: CPU only.\n\n" + table(runs)
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "bench_rollout_reward.md"

@@ -206,6 +206,29 @@ def test_call_size() -> None:
     assert forwards == [20, 20, 20, 4]  # whole steps of 2 envs, 20 a call
 
 
+def test_default_call_size_follows_the_net() -> None:
+    # On a CPU a call holds what one training call of the net would (the memory
+    # probe's rule): the MLP's whole rollout at once, the CNN's frames in smaller
+    # calls. The probe's own small calls come first.
+    found = {}
+    for name, make_venv in (("mlp", _cartpole_venv), ("cnn", _pong_venv)):
+        venv = make_venv()
+        net = _reward_net(venv, normalized=True)
+        forwards = _count_forwards(net.base)
+        wrapper = rollout_reward.RewardVecEnvWrapper(venv, net.predict_processed)
+        assert wrapper.call_size is None
+        algo = PPO("MlpPolicy", wrapper, n_steps=N_STEPS, batch_size=16, n_epochs=1)
+        algo.learn(N_STEPS * N_ENVS, callback=wrapper.make_log_callback())
+        found[name] = wrapper.call_size
+        per_call = max(1, wrapper.call_size // N_ENVS) * N_ENVS
+        rollout = N_STEPS * N_ENVS
+        calls = [min(per_call, rollout - s) for s in range(0, rollout, per_call)]
+        assert forwards[:2] == [2, 4]  # the probe
+        assert forwards[2:] == calls
+    assert found["mlp"] >= N_STEPS * N_ENVS
+    assert 1 <= found["cnn"] < min(found["mlp"], rollout_reward.CALL_SIZE)
+
+
 def _count_forwards(net: th.nn.Module) -> List[int]:
     sizes: List[int] = []
     net.register_forward_hook(lambda _m, inputs, _o: sizes.append(len(inputs[0])))
@@ -253,7 +276,7 @@ def test_switch_off_is_imitations_path(caplog: pytest.LogCaptureFixture) -> None
     wrapper.batched = True
     forwards.clear()
     algo.learn(N_STEPS * N_ENVS, callback=wrapper.make_log_callback())
-    assert forwards == [N_STEPS * N_ENVS]  # one call of the rollout (<= 256)
+    assert forwards == [2, 4, N_STEPS * N_ENVS]  # the probe, then the whole rollout
 
 
 @pytest.mark.parametrize(

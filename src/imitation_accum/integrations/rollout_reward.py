@@ -38,12 +38,15 @@ from imitation.util import networks
 from stable_baselines3.common import buffers, on_policy_algorithm, vec_env
 
 from imitation_accum import _validation
+from imitation_accum.planning import probe
 
 _LOG = logging.getLogger(__name__)
 
-#: Transitions per reward-net call at rollout end. A fixed size (the step policy's
-#: planner sizes training chunks, not inference): on a CPU a CnnRewardNet on 84x84x4
-#: frames cost 5.2-5.6 ms a frame in calls of 256 to 1,024 against 13.7 ms at 8.
+#: Transitions per reward-net call at rollout end off a CPU (not yet measured on a
+#: GPU). On a CPU a call holds what a training call of the same net may hold
+#: (:meth:`~imitation_accum.planning.probe.ActivationProfile.forward_size`): a
+#: CnnRewardNet on 84x84x4 frames ran about twice as fast per frame in calls of 16
+#: to 64 as in calls of 256, the whole rollout suits an MLP.
 CALL_SIZE = 256
 
 # VecEnv wrappers that may sit between the agent and this wrapper without reading
@@ -109,7 +112,9 @@ class RewardVecEnvWrapper(reward_wrapper.RewardVecEnvWrapper):
             path everywhere, ``AgentTrainer.sample`` included. The class default
             is what ``patch()`` and the package's experiments use
             (``batched_rollout_reward``).
-        call_size: Transitions per reward-net call at rollout end.
+        call_size: Transitions per reward-net call at rollout end; None: sized as
+            the net's training calls are on a CPU (found once, by the memory
+            probe), :data:`CALL_SIZE` elsewhere.
     """
 
     batched: bool = True
@@ -121,7 +126,7 @@ class RewardVecEnvWrapper(reward_wrapper.RewardVecEnvWrapper):
         ep_history: int = 100,
         *,
         batched: Optional[bool] = None,
-        call_size: int = CALL_SIZE,
+        call_size: Optional[int] = None,
     ) -> None:
         """Builds the wrapper (resets ``venv``, as imitation's does).
 
@@ -131,7 +136,8 @@ class RewardVecEnvWrapper(reward_wrapper.RewardVecEnvWrapper):
                 net's ``predict_processed`` (plain or ``NormalizedRewardNet``).
             ep_history: Learned-reward episode returns kept for logging.
             batched: Overrides the class default :attr:`batched` for this wrapper.
-            call_size: Transitions per reward-net call at rollout end.
+            call_size: Transitions per reward-net call at rollout end; None
+                sizes the calls from the net (see :attr:`call_size`).
 
         Raises:
             TypeError: if ``batched`` is not a bool.
@@ -139,7 +145,8 @@ class RewardVecEnvWrapper(reward_wrapper.RewardVecEnvWrapper):
         """
         if batched is not None:
             self.batched = _check_bool("batched", batched)
-        _validation.positive_int("call_size", call_size)
+        if call_size is not None:
+            _validation.positive_int("call_size", call_size)
         if isinstance(venv, reward_wrapper.RewardVecEnvWrapper):
             raise ValueError("venv is already wrapped in a RewardVecEnvWrapper")
         self.call_size = call_size
@@ -287,7 +294,9 @@ class RewardVecEnvWrapper(reward_wrapper.RewardVecEnvWrapper):
                 self.reward_fn(s.obs, s.acts, s.next_obs, s.dones) for s in steps
             ]
         else:
-            rewards = _rollout_rewards(net, steps, self.call_size)
+            if self.call_size is None and steps:
+                self.call_size = _call_size(net, steps[0])
+            rewards = _rollout_rewards(net, steps, self.call_size or CALL_SIZE)
         for step, rews in zip(steps, rewards):
             self._record_returns(rews, step.dones)
         return np.stack(rewards) if rewards else np.zeros((0, self.num_envs))
@@ -301,6 +310,39 @@ class RewardVecEnvWrapper(reward_wrapper.RewardVecEnvWrapper):
                 self.episode_rewards.append(self._cumulative_rew[env])
         self._cumulative_rew[dones] = 0
         self._partial[dones] = False
+
+
+def _call_size(net: reward_nets.RewardNet, step: _Step) -> int:
+    """Transitions per call: on a CPU, as many as one training call would hold."""
+    raw_net = cast(
+        reward_nets.RewardNet,
+        net.base if isinstance(net, reward_nets.NormalizedRewardNet) else net,
+    )
+    if raw_net.device.type != "cpu":
+        return CALL_SIZE
+    repeats = -(-4 // len(step.dones))  # the probe calls 2 and 4 transitions
+    inputs = raw_net.preprocess(
+        *(
+            np.concatenate([x] * repeats)
+            for x in (step.obs, step.acts, step.next_obs, step.dones)
+        )
+    )
+
+    def run(count: int) -> th.Tensor:
+        return raw_net(*(x[:count] for x in inputs))
+
+    with networks.evaluating(raw_net):  # input norm layers must not update
+        profile = probe.profile_activations(
+            run,
+            max_transitions=len(inputs[0]),
+            params=list(raw_net.parameters()),
+            device=raw_net.device,
+            fixed_bytes=0,
+            input_bytes_per_transition=sum(
+                x[:1].nelement() * x.element_size() for x in inputs
+            ),
+        )
+    return profile.forward_size() or CALL_SIZE
 
 
 def _rollout_rewards(
