@@ -2,24 +2,19 @@
 
 Runs the README's quickstart (``configs/pong_cpu_quickstart.json``: Pong, 8 envs,
 PPO rollouts of 128 steps, a ``NormalizedRewardNet(CnnRewardNet)``) end to end,
-in pairs of runs in one process from the same seed (``--repeats``, the order
-within a pair alternating, so load from other jobs falls on both paths): with
-``batched_rollout_reward=False`` (imitation's path: one reward-net call of 8
+as the README gives it, in pairs of runs in one process, one pair per seed (the
+order within a pair alternating, so load from other jobs falls on both paths):
+with ``batched_rollout_reward=False`` (imitation's path: one reward-net call of 8
 frames per environment step, and ``AgentTrainer.sample``'s extra rollouts
 rewarded too) and with the default ``True``. Timers around SB3's
 ``collect_rollouts`` and the learned-reward computation give the reward's share
-of rollout time and its cost per frame.
-
-By default the quickstart is shortened: its first reward-model training runs one
-epoch instead of the quickstart's 4 (``initial_epoch_multiplier``). Reward-model
-training is the same on both paths, so this shortens the run, not the difference
-between the paths; the whole-run ratio of the full quickstart is smaller.
-``--full`` runs it as the README gives it.
+of rollout time and its cost per frame; the runs' results (the reward model's
+last accuracy and loss, the final policy's return) show whether the paths'
+outcomes stay within the seed-to-seed spread.
 
 Usage::
 
-    python experiments/bench_rollout_reward.py
-    python experiments/bench_rollout_reward.py --full --repeats 1
+    python experiments/bench_rollout_reward.py --seeds 3
     python experiments/bench_rollout_reward.py --quick --out-dir /tmp/bench
 
 Writes ``bench_rollout_reward.md`` to ``--out-dir`` (default ``docs/results/``;
@@ -32,10 +27,9 @@ import contextlib
 import os
 import tempfile
 import time
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import numpy as np
-from imitation.algorithms import preference_comparisons as pc
 from imitation.rewards import reward_nets
 from sacred.config import load_config_file
 from stable_baselines3.common import on_policy_algorithm
@@ -106,22 +100,7 @@ def timed(timers: Timers, batched: bool) -> Iterator[None]:
         reward_nets.NormalizedRewardNet.predict_processed = per_step  # type: ignore[method-assign]
 
 
-@contextlib.contextmanager
-def initial_epochs(multiplier: int) -> Iterator[None]:
-    """``PreferenceComparisons``' ``initial_epoch_multiplier`` (no config key)."""
-    init = pc.PreferenceComparisons.__init__
-
-    def shortened(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **{**kwargs, "initial_epoch_multiplier": multiplier})
-
-    pc.PreferenceComparisons.__init__ = shortened  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        pc.PreferenceComparisons.__init__ = init  # type: ignore[method-assign]
-
-
-def run_once(batched: bool, quick: bool, full: bool = False) -> Dict[str, float]:
+def run_once(batched: bool, quick: bool, seed: int) -> Dict[str, float]:
     """One whole run; its wall time, timers and the load average around it."""
     updates: Dict[str, Any] = {} if quick else dict(load_config_file(str(QUICKSTART)))
     timers = Timers()
@@ -129,15 +108,13 @@ def run_once(batched: bool, quick: bool, full: bool = False) -> Dict[str, float]
     with tempfile.TemporaryDirectory() as log_dir:
         updates.update(
             {
-                "seed": 0,
+                "seed": seed,
                 rollout_reward.CONFIG_KEY: batched,
                 "logging": {"log_dir": log_dir},
             }
         )
         start = time.perf_counter()
-        with timed(timers, batched), contextlib.ExitStack() as stack:
-            if not full:
-                stack.enter_context(initial_epochs(1))
+        with timed(timers, batched):
             run = ex.run(
                 config_updates=updates,
                 named_configs=["fast"] if quick else [],
@@ -190,36 +167,35 @@ def table(runs: List[Tuple[str, Dict[str, float]]]) -> str:
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += [_row(name, r) for name, r in runs]
-    pairs = list(
-        zip(
-            [r for name, r in runs if name.startswith("per step")],
-            [r for name, r in runs if name.startswith("batched")],
-        )
-    )
+    step = [r for name, r in runs if name.startswith("per step")]
+    batch = [r for name, r in runs if name.startswith("batched")]
 
-    def median(values: List[float]) -> float:
-        return float(np.median(values))
+    def median_ratio(ratio: Callable[[Dict[str, float], Dict[str, float]], float]):
+        return float(np.median([ratio(a, b) for a, b in zip(step, batch)]))
 
-    whole = median([step["wall_s"] / batch["wall_s"] for step, batch in pairs])
-    share = median(
-        [
-            (batch["reward_s"] / batch["rollout_s"])
-            / (step["reward_s"] / step["rollout_s"])
-            for step, batch in pairs
-        ]
+    def spread(path: List[Dict[str, float]], key: str) -> str:
+        values = [r[key] for r in path]
+        return f"{_f(min(values))} to {_f(max(values))}"
+
+    whole = median_ratio(lambda a, b: a["wall_s"] / b["wall_s"])
+    share = median_ratio(
+        lambda a, b: (b["reward_s"] / b["rollout_s"]) / (a["reward_s"] / a["rollout_s"])
     )
-    per_frame = median(
-        [
-            (step["reward_s"] / step["frames"]) / (batch["reward_s"] / batch["frames"])
-            for step, batch in pairs
-        ]
+    per_frame = median_ratio(
+        lambda a, b: (a["reward_s"] / a["frames"]) / (b["reward_s"] / b["frames"])
     )
     lines += [
         "",
-        f"Medians over the {len(pairs)} pairs (each pair's ratio): whole run, per "
-        f"step / batched: {whole:.2f}x. Learned reward's share of rollout time, "
-        f"batched / per step: {share:.2f}. Cost per frame in rollouts, per step / "
-        f"batched: {per_frame:.2f}x.",
+        f"Medians over the {len(step)} pairs (each pair's ratio, same seed): whole "
+        f"run, per step / batched: {whole:.2f}x. Learned reward's share of rollout "
+        f"time, batched / per step: {share:.2f}. Cost per frame in rollouts, per "
+        f"step / batched: {per_frame:.2f}x.",
+        "",
+        "Across the seeds, per step / batched: final reward accuracy "
+        f"{spread(step, 'reward_accuracy')} / {spread(batch, 'reward_accuracy')}; "
+        f"final reward loss {spread(step, 'reward_loss')} / "
+        f"{spread(batch, 'reward_loss')}; policy return "
+        f"{spread(step, 'policy_return')} / {spread(batch, 'policy_return')}.",
     ]
     return "\n".join(lines)
 
@@ -230,42 +206,33 @@ def main() -> None:
         "--quick", action="store_true", help="imitation's fast CartPole run"
     )
     parser.add_argument(
-        "--full",
-        action="store_true",
-        help="the whole quickstart (its first reward-model training not shortened)",
-    )
-    parser.add_argument(
-        "--repeats",
+        "--seeds",
         type=int,
         default=3,
-        help="pairs of runs; the order within a pair alternates (default 3)",
+        help="pairs of runs, one per seed from 0 (default 3)",
     )
     _results.add_out_dir(parser)
     args = parser.parse_args()
     out_dir = _results.resolve_out_dir(args)
-    run_once(batched=True, quick=True)  # warm-up: imports and first calls
+    run_once(batched=True, quick=True, seed=0)  # warm-up: imports, first calls
     runs: List[Tuple[str, Dict[str, float]]] = []
-    for repeat in range(args.repeats):
-        order = (False, True) if repeat % 2 == 0 else (True, False)
-        for batched in order:
-            name = f"{'batched' if batched else 'per step'} {repeat + 1}"
-            runs.append(
-                (name, run_once(batched=batched, quick=args.quick, full=args.full))
-            )
+    for seed in range(args.seeds):
+        for batched in (False, True) if seed % 2 == 0 else (True, False):
+            name = f"{'batched' if batched else 'per step'}, seed {seed}"
+            runs.append((name, run_once(batched, args.quick, seed)))
     what = (
         "imitation's CartPole experiment with `fast`"
         if args.quick
         else "The quickstart (`configs/pong_cpu_quickstart.json`)"
-        + ("" if args.full else ", its first reward training shortened to 1 epoch,")
     )
     text = (
         "# The learned reward in rollouts: per step against batched\n\n"
-        f"{what} end to end, from seed 0 after a short warm-up run, in "
-        f"{args.repeats} pairs of runs in one process, the order within a pair "
+        f"{what} end to end after a short warm-up run, in {args.seeds} pairs of "
+        "runs in one process, one pair per seed, the order within a pair "
         "alternating. The final reward accuracy and loss are the reward model's "
         "last training; the policy return is imitation's evaluation of the final "
-        "policy. The machine may be shared with other jobs (load average in the "
-        "table). No GPU: CPU only.\n\n" + table(runs)
+        "policy (the environment's reward). The machine may be shared with other "
+        "jobs (load average in the table). No GPU: CPU only.\n\n" + table(runs)
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "bench_rollout_reward.md"
