@@ -245,6 +245,8 @@ def _check_config(
 
 
 train_reward_model_ex.config_hook(config_checks.check_environment)
+# Before sacred's config: imitation's logging ingredient fails on a string there.
+train_reward_model_ex.update_hooks.append(config_checks.check_logging_updates)
 
 
 def _check_regularizer(section: Mapping[str, Any]) -> None:
