@@ -58,8 +58,9 @@ class PatchedExperiment(sacred.Experiment):
     # No __init__: sacred takes the experiment's docstring, main file and sources
     # from the frame that calls its constructor.
 
-    #: Whether the main function calls :func:`begin_record` once its inputs are
-    #: checked: its command line then records nothing of a run refused before.
+    #: Whether the run calls :func:`begin_record` once its inputs are checked and its
+    #: run directory is locked (the main function, or the run-directory hook of
+    #: :func:`derive`): its command line then records nothing of a run refused before.
     records_after_checks = False
     _held: Optional[contextlib.ExitStack] = None
 
@@ -208,7 +209,8 @@ def derive(
     """A :class:`PatchedExperiment` copy of one of imitation's experiments.
 
     Same name, ingredients, configs, hooks and commands (``doc``: its ``--help``);
-    what is added to it later leaves imitation's experiment as it is.
+    what is added to it later leaves imitation's experiment as it is. A training
+    command's run directory is locked before the sacred record begins.
     """
     ex = PatchedExperiment(
         str(imitation_experiment.path), ingredients=imitation_experiment.ingredients
@@ -223,6 +225,7 @@ def derive(
     for name, command in imitation_experiment.commands.items():
         ex.commands.setdefault(name, command)
     ex.default_command = imitation_experiment.default_command
+    ex.records_after_checks = True
     sacred_commands = set(sacred.Experiment("commands").commands)
     training = set(imitation_experiment.commands) - sacred_commands
     _add_run_directory_hooks(ex, training)
@@ -237,11 +240,16 @@ def _add_run_directory_hooks(ex: PatchedExperiment, training: Set[str]) -> None:
 
     @ex.pre_run_hook
     def save_config(_run: sacred.run.Run, _log: logging.Logger) -> None:
-        """Locks the run directory, saves the config there and says where it is."""
+        """Locks the run directory, begins the record, saves the config there.
+
+        A run refused here (the directory in use) leaves no sacred record.
+        """
         if not trains(_run):
+            begin_record(_run)
             return
         log_dir = pathlib.Path(_run.config["logging"]["log_dir"])
         ex.hold_while_running(lock_run_directory(log_dir))
+        begin_record(_run)
         write_config(_run.config, log_dir)
         _log.info(f"Run directory: {log_dir.resolve()}")
         for observer in _run.observers:
@@ -269,12 +277,20 @@ def main_console(ex: sacred.Experiment, observe: bool = True) -> None:
     :func:`stop_on_signals`), even one that code of sacred swallowed.
     """
     if observe:
-        observer_path = pathlib.Path.cwd() / "output" / "sacred" / str(ex.path)
-        deferred = getattr(ex, "records_after_checks", False)
-        observer_cls = RecordAfterChecks if deferred else FileStorageObserver
-        ex.observers.append(observer_cls(observer_path))
+        root = pathlib.Path.cwd() / "output" / "sacred" / str(ex.path)
+        ex.observers.append(record_observer(ex, root))
     ex.run_commandline()
     exit_if_stopped()
+
+
+def record_observer(ex: sacred.Experiment, root: pathlib.Path) -> FileStorageObserver:
+    """The observer recording ``ex``'s runs under ``root``, as the command line's.
+
+    A :class:`RecordAfterChecks` if ``ex.records_after_checks``, else sacred's own.
+    """
+    deferred = getattr(ex, "records_after_checks", False)
+    observer_cls = RecordAfterChecks if deferred else FileStorageObserver
+    return observer_cls(str(root))
 
 
 # --- the run directory: lock, config, logs -----------------------------------
