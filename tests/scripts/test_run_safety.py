@@ -271,6 +271,60 @@ def test_a_run_refused_by_the_lock_leaves_no_sacred_record(
     assert (log_dir / "sacred").resolve() == record.resolve()
 
 
+@pytest.mark.parametrize("name", sorted(ONLINE))
+def test_a_fresh_online_run_into_an_earlier_run_is_refused(
+    tmp_path, name, demos, monkeypatch
+):
+    log_dir = tmp_path / "run"
+    online_run(name, log_dir, demos)
+    before = files_under(log_dir)
+    assert progress_rows(log_dir)
+    records = tmp_path / "sacred"
+    recorded_under(ONLINE[name], records, monkeypatch)
+    with pytest.raises(
+        ValueError,
+        match=rf"^logging\.log_dir='{log_dir}' holds an earlier run \(log/log\.txt, "
+        rf"log/progress\.csv, .*\), which a new run would overwrite: pass "
+        rf"resume_from='{log_dir}' to continue it, or give another logging\.log_dir$",
+    ):
+        online_run(name, log_dir, demos)
+    assert files_under(log_dir) == before
+    assert run_records(records) == []
+    # A resume into it goes on (here with nothing left to train), keeping its logs.
+    online_run(name, log_dir, demos, resume_from=str(log_dir))
+    assert (log_dir / "log" / "log.txt").read_bytes().startswith(before["log/log.txt"])
+
+
+def test_a_fresh_run_into_an_earlier_run_is_refused(
+    tmp_path, preferences_path, finished_run, recorded
+):
+    log_dir, state = finished_run
+    before = files_under(log_dir)
+    with pytest.raises(
+        ValueError,
+        match=rf"^logging\.log_dir='{log_dir}' holds an earlier run \(log/log\.txt, "
+        rf"log/progress\.csv, .*checkpoints/\), which a new run would overwrite: "
+        rf"pass resume_from='{state}' to continue it, or give another "
+        r"logging\.log_dir$",
+    ):
+        run(log_dir.parent, preferences_path, **CSV_AND_LOG)
+    assert files_under(log_dir) == before
+    assert not recorded.exists()
+    # Without logs, a checkpoint alone is an earlier run (here not resumable).
+    quiet = {"logging.log_format_strs": [], "checkpoint_interval": -1}
+    run(tmp_path, preferences_path, "quiet", **quiet)
+    with pytest.raises(
+        ValueError,
+        match=r"holds an earlier run \(checkpoints/\), which a new run would "
+        r"overwrite: give another logging\.log_dir$",
+    ):
+        run(tmp_path, preferences_path, "quiet", **quiet)
+    # An empty lock file (a run refused before it logged) is no earlier run.
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked" / experiment.LOCK_NAME).touch()
+    run(tmp_path, preferences_path, "locked")
+
+
 # --- item: a stop signal always stops ---------------------------------------
 
 
