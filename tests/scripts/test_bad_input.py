@@ -349,8 +349,10 @@ _EXPERIMENTS = {
 
 @pytest.mark.parametrize("name", sorted(_EXPERIMENTS))
 @pytest.mark.parametrize("value", ["nope", "csv"])
-def test_log_format_strs_as_a_string_is_named(tmp_path, name, value):
+def test_log_format_strs_as_a_string_is_named(tmp_path, monkeypatch, name, value):
     ex, named_configs = _EXPERIMENTS[name]
+    # sacred reads --debug from the last run of this process, if there is one.
+    monkeypatch.setattr(ex, "current_run", None)
     command = name if name == "airl" else None
     argv = [name, *([command] if command else []), "with", *named_configs]
     log_dir = tmp_path / "run"
