@@ -9,6 +9,7 @@ means averaged) fail the same test.
 import copy
 import io
 import itertools
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -267,7 +268,7 @@ def test_defaults_off_and_parse():
     "value, message",
     [
         ({"pinned": True}, "acceleration.pinned is not an acceleration option"),
-        ({"compile": 1}, "acceleration.compile must be True or False"),
+        ({"compile": 1}, r"acceleration\.compile must be a bool \(True or False\)"),
         ({"compile_backend": ""}, "acceleration.compile_backend"),
         ("all", "acceleration must be an Acceleration"),
     ],
@@ -275,6 +276,21 @@ def test_defaults_off_and_parse():
 def test_bad_options_named_before_training(value, message):
     with pytest.raises(ValueError, match=message):
         make_trainer(make_cnn(), acceleration=value)
+
+
+@pytest.mark.parametrize("field", ["pinned_staging", "compile", "reuse_host_memory"])
+def test_numpy_bools_are_bools_and_strings_are_refused(field):
+    options = Acceleration(**{field: np.True_})
+    assert getattr(options, field) is True
+    assert options == Acceleration(**{field: True})
+    assert Acceleration.parse({field: np.False_}) == Acceleration(**{field: False})
+    for value in ("false", "True", 1, None):
+        with pytest.raises(
+            ValueError,
+            match=rf"^acceleration\.{field} must be a bool \(True or False\), got "
+            rf"{re.escape(repr(value))}",
+        ):
+            Acceleration(**{field: value})
 
 
 def test_bad_options_named_with_config_key():

@@ -1,7 +1,8 @@
-"""AIRL/GAIL refuse a bad optimizer or logger at construction, naming it."""
+"""AIRL/GAIL refuse a bad optimizer, logger or flag at construction, naming it."""
 
 import logging
 
+import numpy as np
 import pytest
 import torch as th
 
@@ -59,6 +60,49 @@ def test_constructor_names_a_bad_optimizer_or_logger(
             demo_batch_size=BATCH,
             **kwargs,
         )
+
+
+FLAGS = [
+    "allow_variable_horizon",
+    "init_tensorboard",
+    "init_tensorboard_graph",
+    "debug_use_ground_truth",
+]
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("flag", FLAGS)
+@pytest.mark.parametrize("value", ["false", "True", 1, None])
+def test_constructor_refuses_a_flag_that_is_not_a_bool(algo, flag, value, venv, ppo):
+    # The same check as the config hook's, so both name the argument alike.
+    ours_cls, _ = ALGOS[algo]
+    with pytest.raises(
+        ValueError, match=rf"^{flag} must be a bool \(True or False\), got"
+    ):
+        setup.make_trainer(
+            ours_cls,
+            make_net(algo, venv),
+            venv=venv,
+            gen_algo=ppo,
+            demo_batch_size=BATCH,
+            **{flag: value},
+        )
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_constructor_takes_numpy_bools_as_bools(algo, venv, ppo):
+    ours_cls, _ = ALGOS[algo]
+    trainer = setup.make_trainer(
+        ours_cls,
+        make_net(algo, venv),
+        venv=venv,
+        gen_algo=ppo,
+        demo_batch_size=BATCH,
+        allow_variable_horizon=np.True_,
+        debug_use_ground_truth=np.False_,
+    )
+    assert trainer.allow_variable_horizon is True
+    assert trainer.debug_use_ground_truth is False
 
 
 @pytest.mark.parametrize("algo", ALGOS)

@@ -10,6 +10,7 @@ from imitation_accum.scripts.train_adversarial import train_adversarial_ex
 from imitation_accum.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex,
 )
+from imitation_accum.scripts.train_reward_model import train_reward_model_ex
 
 
 @pytest.fixture(autouse=True)
@@ -335,3 +336,43 @@ def test_print_config_only_warns_of_a_budget_beyond_the_device(caplog):
     warned = [r.getMessage() for r in caplog.records if key in r.getMessage()]
     assert len(warned) == 2  # as AIRL and as GAIL would get it
     assert "this command does not train" in warned[0]
+
+
+# --- logging.log_format_strs given as one string (issue 31) --------------------
+
+_EXPERIMENTS = {
+    "train_preference_comparisons": (train_preference_comparisons_ex, ["fast"]),
+    "airl": (train_adversarial_ex, ["fast"]),
+    "train_reward_model": (train_reward_model_ex, ["fast"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_EXPERIMENTS))
+@pytest.mark.parametrize("value", ["nope", "csv"])
+def test_log_format_strs_as_a_string_is_named(tmp_path, monkeypatch, name, value):
+    ex, named_configs = _EXPERIMENTS[name]
+    # sacred reads --debug from the last run of this process, if there is one.
+    monkeypatch.setattr(ex, "current_run", None)
+    command = name if name == "airl" else None
+    argv = [name, *([command] if command else []), "with", *named_configs]
+    log_dir = tmp_path / "run"
+    argv += [f"logging.log_format_strs={value}", f"logging.log_dir={log_dir}"]
+    # As the command line gives it (sacred passes the string); --debug raises.
+    with pytest.raises(
+        ValueError,
+        match=rf"^logging\.log_format_strs='{value}' must be a list of formats, not a "
+        r"string, such as logging\.log_format_strs=\['csv', 'stdout'\]",
+    ):
+        ex.run_commandline([*argv, "--debug"])
+    assert not log_dir.exists()
+    _checked_before_anything_ran(tmp_path)
+
+
+def test_log_format_strs_as_a_tuple_is_taken_as_a_list():
+    # imitation's logging ingredient adds a list to the value: a tuple would fail.
+    run = train_preference_comparisons_ex.run(
+        "print_config",
+        named_configs=["fast"],
+        config_updates={"logging.log_format_strs": ("csv", "log")},
+    )
+    assert run.config["logging"]["log_format_strs"] == ["csv", "log"]

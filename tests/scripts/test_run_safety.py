@@ -19,7 +19,11 @@ from imitation.algorithms import preference_comparisons as pc
 from sacred.config import custom_containers
 
 from imitation_accum import checkpoint
+from imitation_accum.integrations import demonstrations
 from imitation_accum.scripts import experiment
+from imitation_accum.scripts.train_adversarial import (
+    train_adversarial_ex as adversarial_ex,
+)
 from imitation_accum.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex as preference_ex,
 )
@@ -204,6 +208,121 @@ def test_the_other_experiments_take_the_lock_too(tmp_path, other_process_holding
             config_updates={"logging": {"log_dir": str(log_dir)}},
         )
     assert sorted(p.name for p in log_dir.iterdir()) == ["run.lock"]
+
+
+# --- issue 31: refused before the record; no earlier run overwritten ------------
+
+ONLINE = {"train_preference_comparisons": preference_ex, "gail": adversarial_ex}
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory):
+    path = tmp_path_factory.mktemp("demos") / "demos"
+    demonstrations.make_demonstrations(
+        path, gym_id="seals/CartPole-v0", n_episodes=2, max_episode_steps=5
+    )
+    return str(path)
+
+
+def online_run(name: str, log_dir: pathlib.Path, demos: str, **updates):
+    """A ``fast`` run of experiment ``name`` (or ``gail``) in ``log_dir``."""
+    config = {"logging": {"log_dir": str(log_dir), "log_format_strs": ["csv", "log"]}}
+    command = None
+    if name == "gail":
+        config["demonstrations"] = {"source": "local", "path": demos}
+        command = name
+    result = ONLINE[name].run(
+        command, named_configs=["fast"], config_updates={**config, **updates}
+    )
+    assert result.status == "COMPLETED"
+    return result
+
+
+def recorded_under(ex, records: pathlib.Path, monkeypatch) -> None:
+    # The command line's observer (RecordAfterChecks where the record is deferred).
+    monkeypatch.setattr(ex, "observers", [experiment.record_observer(ex, records)])
+
+
+def run_records(records: pathlib.Path) -> list:
+    return [p for p in records.glob("*") if p.name != "_sources"]
+
+
+@pytest.mark.parametrize("name", sorted(ONLINE))
+def test_a_run_refused_by_the_lock_leaves_no_sacred_record(
+    tmp_path, name, demos, other_process_holding, monkeypatch
+):
+    log_dir, holder = other_process_holding
+    records = tmp_path / "sacred"
+    recorded_under(ONLINE[name], records, monkeypatch)
+    with pytest.raises(
+        experiment.RunDirectoryInUseError,
+        match=rf"^logging\.log_dir='{log_dir}' is in use by another run \(pid "
+        rf"{holder.pid},",
+    ):
+        online_run(name, log_dir, demos)
+    assert run_records(records) == []  # sacred would have left a FAILED one
+    assert sorted(p.name for p in log_dir.iterdir()) == ["run.lock"]
+    # Once the lock is free, the run is recorded: the record was deferred.
+    holder.kill()
+    holder.wait()
+    online_run(name, log_dir, demos)
+    (record,) = run_records(records)
+    assert json.loads((record / "run.json").read_text())["status"] == "COMPLETED"
+    assert (log_dir / "sacred").resolve() == record.resolve()
+
+
+@pytest.mark.parametrize("name", sorted(ONLINE))
+def test_a_fresh_online_run_into_an_earlier_run_is_refused(
+    tmp_path, name, demos, monkeypatch
+):
+    log_dir = tmp_path / "run"
+    online_run(name, log_dir, demos)
+    before = files_under(log_dir)
+    assert progress_rows(log_dir)
+    records = tmp_path / "sacred"
+    recorded_under(ONLINE[name], records, monkeypatch)
+    with pytest.raises(
+        ValueError,
+        match=rf"^logging\.log_dir='{log_dir}' holds an earlier run \(log/log\.txt, "
+        rf"log/progress\.csv, .*\), which a new run would overwrite: pass "
+        rf"resume_from='{log_dir}' to continue it, or give another logging\.log_dir$",
+    ):
+        online_run(name, log_dir, demos)
+    assert files_under(log_dir) == before
+    assert run_records(records) == []
+    # A resume into it goes on (here with nothing left to train), keeping its logs.
+    online_run(name, log_dir, demos, resume_from=str(log_dir))
+    assert (log_dir / "log" / "log.txt").read_bytes().startswith(before["log/log.txt"])
+
+
+def test_a_fresh_run_into_an_earlier_run_is_refused(
+    tmp_path, preferences_path, finished_run, recorded
+):
+    log_dir, state = finished_run
+    before = files_under(log_dir)
+    with pytest.raises(
+        ValueError,
+        match=rf"^logging\.log_dir='{log_dir}' holds an earlier run \(log/log\.txt, "
+        rf"log/progress\.csv, .*checkpoints/\), which a new run would overwrite: "
+        rf"pass resume_from='{state}' to continue it, or give another "
+        r"logging\.log_dir$",
+    ):
+        run(log_dir.parent, preferences_path, **CSV_AND_LOG)
+    assert files_under(log_dir) == before
+    assert not recorded.exists()
+    # Without logs, a checkpoint alone is an earlier run (here not resumable).
+    quiet = {"logging.log_format_strs": [], "checkpoint_interval": -1}
+    run(tmp_path, preferences_path, "quiet", **quiet)
+    with pytest.raises(
+        ValueError,
+        match=r"holds an earlier run \(checkpoints/\), which a new run would "
+        r"overwrite: give another logging\.log_dir$",
+    ):
+        run(tmp_path, preferences_path, "quiet", **quiet)
+    # An empty lock file (a run refused before it logged) is no earlier run.
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked" / experiment.LOCK_NAME).touch()
+    run(tmp_path, preferences_path, "locked")
 
 
 # --- item: a stop signal always stops ---------------------------------------

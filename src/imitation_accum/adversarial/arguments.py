@@ -25,9 +25,15 @@ class DiscriminatorArguments:
     max_grad_norm: Optional[float]
     memory_budget: Optional[budget.Budget]
     acceleration: acceleration_options.Acceleration
+    flags: Mapping[str, bool] = dataclasses.field(default_factory=dict)
+    """imitation's bool arguments that were given, as ``bool``."""
 
 
 _IMITATION_DEFAULTS = inspect.signature(common.AdversarialTrainer).parameters
+#: imitation's arguments that take only a bool (``allow_variable_horizon``, ...).
+_IMITATION_FLAGS = tuple(
+    name for name, p in _IMITATION_DEFAULTS.items() if p.annotation is bool
+)
 
 
 def check_arguments(
@@ -42,7 +48,8 @@ def check_arguments(
         prefix: Prepended to each name in messages (``algorithm_kwargs.``).
 
     Returns:
-        The arguments the discriminator update reads, checked.
+        The arguments the discriminator update reads, checked, and imitation's
+        bool arguments given (numpy's bools as ``bool``).
 
     Raises:
         ValueError: naming the first invalid argument (for ``disc_opt_kwargs``,
@@ -91,12 +98,19 @@ def check_arguments(
         kwargs_name=f"{prefix}disc_opt_kwargs",
     )
     engine_arguments.check_logger(f"{prefix}custom_logger", kwargs.get("custom_logger"))
+    # A string such as "false" is truthy: imitation would take it as True.
+    flags = {
+        name: _validation.boolean(f"{prefix}{name}", kwargs[name])
+        for name in _IMITATION_FLAGS
+        if name in kwargs
+    }
     return DiscriminatorArguments(
         demo_batch_size=batch_size,
         demo_minibatch_size=minibatch_size,
         max_grad_norm=clip,
         memory_budget=parsed_budget,
         acceleration=options,
+        flags=flags,
     )
 
 

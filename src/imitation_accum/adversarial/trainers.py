@@ -58,7 +58,8 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             (``n_disc_updates_per_round``, ``disc_opt_cls``, ...).
 
     Raises:
-        ValueError: naming an invalid argument (see :func:`check_arguments`), a
+        ValueError: naming an invalid argument (see :func:`check_arguments`; a
+            bool argument such as ``allow_variable_horizon`` given another value), a
             ``memory_budget`` smaller than the discriminator's training state, or
             a batch-norm layer in the reward net (not accumulable exactly).
     """
@@ -103,7 +104,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             gen_algo=gen_algo,
             reward_net=reward_net,
             demo_minibatch_size=None,
-            **kwargs,
+            **{**kwargs, **checked.flags},
         )
         self.demo_minibatch_size = checked.demo_minibatch_size or self.demo_batch_size
         self.memory_budget = checked.memory_budget

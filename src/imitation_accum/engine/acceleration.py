@@ -15,6 +15,7 @@ from imitation.util import networks
 from torch import nn
 from torch.utils import checkpoint as torch_checkpoint
 
+from imitation_accum import _validation
 from imitation_accum.engine import host_memory
 
 #: The values ``acceleration=`` accepts: options, a mapping of them (sacred), None.
@@ -54,11 +55,12 @@ class Acceleration:
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.type in (bool, "bool") and not isinstance(value, bool):
-                raise ValueError(
-                    f"acceleration.{field.name} must be True or False, got {value!r}"
+            if field.type in (bool, "bool"):
+                # numpy's bools are kept as bool (frozen: set through object).
+                value = _validation.boolean(
+                    f"acceleration.{field.name}", getattr(self, field.name)
                 )
+                object.__setattr__(self, field.name, value)
         if not isinstance(self.compile_backend, str) or not self.compile_backend:
             raise ValueError(
                 "acceleration.compile_backend must be a torch.compile backend "

@@ -112,6 +112,48 @@ def check_env_make_kwargs(gym_id: str, kwargs: object) -> None:
 LOG_FORMATS = ("stdout", "log", "json", "csv", "tensorboard", "wandb")
 
 
+def check_log_format_strs(formats: object) -> None:
+    """Checks ``logging.log_format_strs``: a list (or tuple) of imitation's formats.
+
+    A string is refused, not read as one format: imitation's logging ingredient
+    adds a list to it, and its logger would take each character for a format.
+
+    Raises:
+        ValueError: naming ``logging.log_format_strs`` and the formats.
+    """
+    key = "logging.log_format_strs"
+    known = f"(formats: {', '.join(LOG_FORMATS)})"
+    if not isinstance(formats, (list, tuple)):
+        kind = ", not a string" if isinstance(formats, str) else ""
+        raise ValueError(
+            f"{key}={formats!r} must be a list of formats{kind}, such as "
+            f"{key}=['csv', 'stdout'] (on a command line, quote the whole "
+            f"update) {known}"
+        )
+    for value in formats:
+        if value not in LOG_FORMATS:
+            near = difflib.get_close_matches(str(value), LOG_FORMATS, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise ValueError(f"{key}: {value!r} is not a log format{hint} {known}")
+
+
+def check_logging_updates(updates: Dict[str, Any]) -> Dict[str, Any]:
+    """An update hook: a given ``logging.log_format_strs`` is a list of formats.
+
+    Runs on the user's updates, before sacred builds the config: imitation's
+    logging ingredient adds a list to the value there, so a string (or a tuple)
+    would fail with a ``TypeError`` that names no key. A tuple becomes a list.
+
+    Raises:
+        ValueError: as :func:`check_log_format_strs`.
+    """
+    section = updates.get("logging")
+    if isinstance(section, dict) and "log_format_strs" in section:
+        check_log_format_strs(section["log_format_strs"])
+        section["log_format_strs"] = list(section["log_format_strs"])
+    return updates
+
+
 def check_run_settings(
     config: Dict[str, Any], command_name: str, logger: Any
 ) -> Dict[str, Any]:
@@ -129,20 +171,7 @@ def check_run_settings(
             raise ValueError(f"seed={seed!r} must be below 2**32")
     logging_config = config.get("logging")
     if isinstance(logging_config, Mapping) and "log_format_strs" in logging_config:
-        formats = logging_config["log_format_strs"]
-        if not isinstance(formats, (list, tuple)):
-            raise ValueError(
-                f"logging.log_format_strs={formats!r} must be a list of formats, "
-                f"such as ['csv', 'stdout'] (formats: {', '.join(LOG_FORMATS)})"
-            )
-        for value in formats:
-            if value not in LOG_FORMATS:
-                near = difflib.get_close_matches(str(value), LOG_FORMATS, n=1)
-                hint = f"; did you mean {near[0]!r}?" if near else ""
-                raise ValueError(
-                    f"logging.log_format_strs: {value!r} is not a log format{hint} "
-                    f"(formats: {', '.join(LOG_FORMATS)})"
-                )
+        check_log_format_strs(logging_config["log_format_strs"])
     return {}
 
 

@@ -1,8 +1,8 @@
 """imitation's sacred experiments, configured and run with imitation patched.
 
 Also what every run directory gets: a lock held by the running process, an atomic
-``config.json``, logs that a resumed run continues, and a stop signal that always
-ends the run.
+``config.json``, logs that a resumed run continues and that a fresh run does not
+overwrite, and a stop signal that always ends the run.
 """
 
 import contextlib
@@ -58,8 +58,9 @@ class PatchedExperiment(sacred.Experiment):
     # No __init__: sacred takes the experiment's docstring, main file and sources
     # from the frame that calls its constructor.
 
-    #: Whether the main function calls :func:`begin_record` once its inputs are
-    #: checked: its command line then records nothing of a run refused before.
+    #: Whether the run calls :func:`begin_record` once its inputs are checked and its
+    #: run directory is locked (the main function, or the run-directory hook of
+    #: :func:`derive`): its command line then records nothing of a run refused before.
     records_after_checks = False
     _held: Optional[contextlib.ExitStack] = None
 
@@ -208,7 +209,9 @@ def derive(
     """A :class:`PatchedExperiment` copy of one of imitation's experiments.
 
     Same name, ingredients, configs, hooks and commands (``doc``: its ``--help``);
-    what is added to it later leaves imitation's experiment as it is.
+    what is added to it later leaves imitation's experiment as it is. A training
+    command's run directory is locked, and refused if it holds an earlier run that
+    ``resume_from`` does not continue, before the sacred record begins.
     """
     ex = PatchedExperiment(
         str(imitation_experiment.path), ingredients=imitation_experiment.ingredients
@@ -223,6 +226,7 @@ def derive(
     for name, command in imitation_experiment.commands.items():
         ex.commands.setdefault(name, command)
     ex.default_command = imitation_experiment.default_command
+    ex.records_after_checks = True
     sacred_commands = set(sacred.Experiment("commands").commands)
     training = set(imitation_experiment.commands) - sacred_commands
     _add_run_directory_hooks(ex, training)
@@ -237,11 +241,19 @@ def _add_run_directory_hooks(ex: PatchedExperiment, training: Set[str]) -> None:
 
     @ex.pre_run_hook
     def save_config(_run: sacred.run.Run, _log: logging.Logger) -> None:
-        """Locks the run directory, saves the config there and says where it is."""
+        """Locks the run directory, begins the record, saves the config there.
+
+        A run refused here (the directory in use, or holding an earlier run that
+        this one does not resume) leaves no sacred record.
+        """
         if not trains(_run):
+            begin_record(_run)
             return
         log_dir = pathlib.Path(_run.config["logging"]["log_dir"])
         ex.hold_while_running(lock_run_directory(log_dir))
+        if _run.config.get("resume_from") is None:
+            refuse_earlier_run(log_dir, resume_from=log_dir)
+        begin_record(_run)
         write_config(_run.config, log_dir)
         _log.info(f"Run directory: {log_dir.resolve()}")
         for observer in _run.observers:
@@ -269,12 +281,20 @@ def main_console(ex: sacred.Experiment, observe: bool = True) -> None:
     :func:`stop_on_signals`), even one that code of sacred swallowed.
     """
     if observe:
-        observer_path = pathlib.Path.cwd() / "output" / "sacred" / str(ex.path)
-        deferred = getattr(ex, "records_after_checks", False)
-        observer_cls = RecordAfterChecks if deferred else FileStorageObserver
-        ex.observers.append(observer_cls(observer_path))
+        root = pathlib.Path.cwd() / "output" / "sacred" / str(ex.path)
+        ex.observers.append(record_observer(ex, root))
     ex.run_commandline()
     exit_if_stopped()
+
+
+def record_observer(ex: sacred.Experiment, root: pathlib.Path) -> FileStorageObserver:
+    """The observer recording ``ex``'s runs under ``root``, as the command line's.
+
+    A :class:`RecordAfterChecks` if ``ex.records_after_checks``, else sacred's own.
+    """
+    deferred = getattr(ex, "records_after_checks", False)
+    observer_cls = RecordAfterChecks if deferred else FileStorageObserver
+    return observer_cls(str(root))
 
 
 # --- the run directory: lock, config, logs -----------------------------------
@@ -326,6 +346,66 @@ def lock_run_directory(
             os.ftruncate(fd, 0)  # no pid left behind; the kernel drops the lock
     finally:
         os.close(fd)
+
+
+#: Log files a fresh run's logger opens for writing (emptying them), under ``log/``.
+_LOG_FILES = ("progress.csv", "progress.json", "log.txt")
+
+
+def earlier_run(log_dir: pathlib.Path) -> List[str]:
+    """What an earlier run left in ``log_dir`` that a fresh run would overwrite.
+
+    Non-empty logs (``log/`` and ``log/raw/``: ``progress.csv``, ``progress.json``,
+    ``log.txt``; SB3's ``monitor/*.monitor.csv``) and any file under
+    ``checkpoints/``. An empty ``run.lock`` or ``config.json`` alone is no run.
+
+    Returns:
+        Their paths relative to ``log_dir`` (``checkpoints/`` for checkpoints).
+    """
+    logs = [p for p in (log_dir / "log").rglob("*") if p.name in _LOG_FILES]
+    logs += (log_dir / "monitor").glob("*.monitor.csv")
+    found = [
+        str(p.relative_to(log_dir))
+        for p in sorted(logs)
+        if p.is_file() and p.stat().st_size > 0
+    ]
+    checkpoints = log_dir / "checkpoints"
+    if any(p.is_file() for p in checkpoints.rglob("*")):
+        found.append("checkpoints/")
+    return found
+
+
+def refuse_earlier_run(
+    log_dir: pathlib.Path,
+    resume_from: Optional[pathlib.Path] = None,
+    key: str = "logging.log_dir",
+) -> None:
+    """Refuses a fresh run in ``log_dir`` holding an earlier run (:func:`earlier_run`).
+
+    SB3's logger opens ``progress.csv`` and ``log.txt`` for writing, which would
+    empty the earlier run's. imitation's default ``log_dir`` is timestamped, so
+    only a directory given again meets this. Called with the directory locked.
+
+    Args:
+        log_dir: The run directory.
+        resume_from: What ``resume_from`` would continue the earlier run from, for
+            the message; ``None`` if it cannot be continued.
+        key: The config key of ``log_dir``.
+
+    Raises:
+        ValueError: naming ``key`` and the earlier run's files.
+    """
+    found = earlier_run(log_dir)
+    if not found:
+        return
+    shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if found[3:] else "")
+    resume = ""
+    if resume_from is not None:
+        resume = f"pass resume_from={str(resume_from)!r} to continue it, or "
+    raise ValueError(
+        f"{key}={str(log_dir)!r} holds an earlier run ({shown}), which a new run "
+        f"would overwrite: {resume}give another {key}"
+    )
 
 
 def write_config(config: Mapping[str, Any], log_dir: pathlib.Path) -> pathlib.Path:

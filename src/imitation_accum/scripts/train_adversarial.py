@@ -108,6 +108,7 @@ def check_demonstrations(
 
 
 train_adversarial_ex.config_hook(config_checks.check_run_settings)
+train_adversarial_ex.update_hooks.append(config_checks.check_logging_updates)
 
 # Passed by imitation's script itself, or stripped by it before the constructor.
 _SCRIPT_ARGUMENTS = ("venv", "demonstrations", "gen_algo", "log_dir", "reward_net")

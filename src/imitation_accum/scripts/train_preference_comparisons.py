@@ -128,6 +128,7 @@ train_preference_comparisons_ex.add_alternatives(
 )
 train_preference_comparisons_ex.config_hook(config_checks.check_environment)
 train_preference_comparisons_ex.config_hook(config_checks.check_run_settings)
+train_preference_comparisons_ex.update_hooks.append(config_checks.check_logging_updates)
 rollout_reward.add_config_key(train_preference_comparisons_ex)
 
 _TRAINER_OWN_ARGUMENTS = ("preference_model", "loss", "rng", "custom_logger")

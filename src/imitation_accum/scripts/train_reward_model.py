@@ -20,7 +20,9 @@ unless ``environment.gym_id`` or a named config names one.
 
 Every input (config, data, a checkpoint to resume) is checked before any file is
 written: a refused run leaves no run directory, logs or sacred record. A running
-run holds ``{log_dir}/run.lock``; a resumed run continues the logs of ``log_dir``.
+run holds ``{log_dir}/run.lock``; a resumed run continues the logs of ``log_dir``,
+and a fresh run into a ``log_dir`` that holds an earlier run's logs or checkpoints
+is refused.
 SIGTERM ends a run with exit status 143 (128 + 15), after the checkpoint write
 under way.
 """
@@ -245,6 +247,8 @@ def _check_config(
 
 
 train_reward_model_ex.config_hook(config_checks.check_environment)
+# Before sacred's config: imitation's logging ingredient fails on a string there.
+train_reward_model_ex.update_hooks.append(config_checks.check_logging_updates)
 
 
 def _check_regularizer(section: Mapping[str, Any]) -> None:
@@ -524,15 +528,22 @@ def _apply_configured_optimizer(
 def _run_directory(
     context: distributed.DistributedContext, run: Any, resumed: bool
 ) -> Iterator[Tuple[imit_logger.HierarchicalLogger, Optional[pathlib.Path]]]:
-    # Rank 0, once every input is accepted: the run directory locked, the sacred
-    # record begun, config.json written, the logger (continuing a resumed run's
-    # logs). The other ranks get a logger that keeps nothing.
+    # Rank 0, once every input is accepted: the run directory locked (and refused
+    # if a fresh run would overwrite an earlier one), the sacred record begun,
+    # config.json written, the logger (continuing a resumed run's logs). The other
+    # ranks get a logger that keeps nothing.
     if not context.is_main:
         with tempfile.TemporaryDirectory(prefix="train_reward_model-") as scratch:
             yield imit_logger.configure(folder=scratch, format_strs=[]), None
         return
     config = run.config["logging"]
-    with experiment.lock_run_directory(util.parse_path(config["log_dir"])):
+    run_dir = util.parse_path(config["log_dir"])
+    with experiment.lock_run_directory(run_dir):
+        if not resumed:
+            state = run_dir / "checkpoints" / checkpoint.TRAINING_STATE_NAME
+            experiment.refuse_earlier_run(
+                run_dir, resume_from=state if state.is_file() else None
+            )
         experiment.begin_record(run)
         log_dir = logging_ingredient.make_log_dir()  # links the sacred record
         experiment.write_config(run.config, log_dir)
