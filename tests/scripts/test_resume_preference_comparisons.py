@@ -325,7 +325,7 @@ def test_a_bounded_dataset_starts_a_new_store_when_pairs_are_evicted(
 # --- kill -9 at any moment ----------------------------------------------------
 
 #: File operations (fsync, rename, removal) of the run's four checkpoint writes.
-WRITE_OPERATIONS = 122
+WRITE_OPERATIONS = 79
 
 
 def kill_and_resume(tmp_path: pathlib.Path, trial: int, uninterrupted) -> None:
