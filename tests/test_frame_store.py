@@ -14,6 +14,7 @@ from imitation.algorithms import preference_comparisons as pc
 from imitation.data import types
 
 from imitation_accum import PreferenceDataset
+from imitation_accum.io import frame_store
 from imitation_accum.io.frame_store import StoreError
 from imitation_accum.preference import dataset as store_dataset
 
@@ -480,3 +481,111 @@ def test_frames_not_matching_the_observation_space_are_named(rng, tmp_path):
         loaded.check_observation_space(gym.spaces.Box(0, 255, (84, 84, 4), np.uint8))
     with pytest.raises(ValueError, match=r"frames\.npy.*float32"):
         loaded.check_observation_space(gym.spaces.Box(0, 1, (*FRAME, STACK)))
+
+
+# -- a store grown in place -----------------------------------------------------
+
+
+def grown(rng, tmp_path: pathlib.Path, batches=(3, 1, 5), max_size=None):
+    """A dataset pushed ``batches`` pairs at a time, each appended and committed."""
+    n = sum(batches)
+    pairs, prefs = make_pairs(rng, n), preferences_of(rng, n)
+    dataset = PreferenceDataset(max_size=max_size)
+    store = frame_store.Appender.create(tmp_path / "grown")
+    manifest, done = None, 0
+    for size in batches:
+        dataset.push(pairs[done : done + size], prefs[done : done + size])
+        done += size
+        manifest = dataset.append_to(store)
+        assert manifest is not None
+        store.commit()
+    return dataset, store, manifest, pairs, prefs
+
+
+def written_bytes() -> int:
+    """Bytes this process has passed to ``write`` and its kin (Linux's ``wchar``)."""
+    for line in pathlib.Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no wchar in /proc/self/io")
+
+
+def test_a_grown_store_holds_what_save_writes(rng, tmp_path):
+    dataset, store, manifest, pairs, prefs = grown(rng, tmp_path)
+    dataset.save(tmp_path / "whole")
+    whole = frame_store.read_manifest(tmp_path / "whole")
+    assert manifest["arrays"] == whole["arrays"]  # shapes, bytes, SHA-256 alike
+    assert frame_store.fingerprint_of(manifest) == dataset.fingerprint()
+    # The store is a frame store: load reads it, headers and manifest.json too.
+    assert_same_pairs(PreferenceDataset.load(store.path), pairs, prefs)
+    opened, _ = PreferenceDataset.open_committed(store.path, manifest, "record")
+    assert_same_pairs(opened, pairs, prefs)
+    assert opened.fingerprint() == dataset.fingerprint()
+
+
+@pytest.mark.skipif(
+    not pathlib.Path("/proc/self/io").exists(), reason="counts bytes with /proc"
+)
+def test_an_append_writes_only_the_new_pairs(rng, tmp_path):
+    dataset, store, manifest, _, _ = grown(rng, tmp_path, batches=(40,))
+    held = sum(entry["bytes"] for entry in manifest["arrays"].values())
+    dataset.push(make_pairs(rng, 2), preferences_of(rng, 2))
+    inodes = {p.name: p.stat().st_ino for p in store.path.glob("*.npy")}
+    before = written_bytes()
+    manifest = dataset.append_to(store)
+    written = written_bytes() - before
+    assert manifest is not None
+    new = sum(entry["bytes"] for entry in manifest["arrays"].values()) - held
+    # The new rows, eight headers and the manifest: not the 40 pairs held.
+    assert new <= written < new + 16 * 1024 < held / 4
+    assert {p.name: p.stat().st_ino for p in store.path.glob("*.npy")} == inodes
+
+
+def test_bytes_after_the_committed_ones_are_ignored_then_cut_off(rng, tmp_path):
+    dataset, store, manifest, pairs, prefs = grown(rng, tmp_path)
+    # A process killed in an append: rows written, a header rewritten, no commit.
+    dataset.push(make_pairs(rng, 2), preferences_of(rng, 2))
+    dataset.append_to(store)
+    for file in store.path.glob("*.npy"):
+        with open(file, "ab") as out:
+            out.write(b"\xff" * 100)
+    opened, appender = PreferenceDataset.open_committed(store.path, manifest, "record")
+    assert_same_pairs(opened, pairs, prefs)
+    more_pairs, more_prefs = make_pairs(rng, 3), preferences_of(rng, 3)
+    opened.push(more_pairs, more_prefs)
+    grown_manifest = opened.append_to(appender)
+    assert grown_manifest is not None
+    appender.commit()
+    sizes = frame_store.committed_bytes(grown_manifest)
+    assert {p.name: p.stat().st_size for p in store.path.glob("*.npy")} == sizes
+    everything = pairs + more_pairs, np.concatenate([prefs, more_prefs])
+    assert_same_pairs(PreferenceDataset.load(store.path), *everything)
+    reopened, _ = PreferenceDataset.open_committed(store.path, grown_manifest, "r")
+    assert_same_pairs(reopened, *everything)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_committed_row_is_named(rng, tmp_path, damage):
+    _, store, manifest, _, _ = grown(rng, tmp_path)
+    frames = store.path / "frames.npy"
+    data = bytearray(frames.read_bytes())
+    if damage == "flip":
+        data[-7] ^= 1
+        match = "SHA-256 of its first .* differs from the one record records"
+    else:
+        data = data[:-7]
+        match = "records .* \\(truncated\\)"
+    frames.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match=f"{frames}: .*{match}"):
+        PreferenceDataset.open_committed(store.path, manifest, "record")
+
+
+def test_an_evicting_dataset_cannot_grow_its_store(rng, tmp_path):
+    dataset, store, _, _, _ = grown(rng, tmp_path, batches=(3, 1), max_size=4)
+    dataset.push(make_pairs(rng, 1), preferences_of(rng, 1))  # evicts a pair
+    files = {p.name: p.read_bytes() for p in store.path.iterdir()}
+    assert dataset.append_to(store) is None
+    assert {p.name: p.read_bytes() for p in store.path.iterdir()} == files
+    fresh = frame_store.Appender.create(tmp_path / "fresh")
+    manifest = dataset.append_to(fresh)
+    assert manifest is not None and manifest["arrays"]["preferences"]["shape"] == [4]

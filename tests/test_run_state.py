@@ -123,6 +123,48 @@ def test_a_write_keeps_the_last_checkpoint_and_removes_partial_ones(tmp_path):
         run_checkpoint.read_manifest(last, "other", "resume_from")
 
 
+def test_shared_files_are_checked_and_unnamed_shared_directories_removed(tmp_path):
+    root = run_checkpoint.root(tmp_path)
+
+    def write(count, store):
+        def files(directory):
+            (root / store).mkdir(exist_ok=True)
+            with open(root / store / "a.npy", "ab") as file:
+                file.write(b"x" * 10)
+            size = (root / store / "a.npy").stat().st_size
+            return {"n": count, run_checkpoint.SHARED: {f"{store}/a.npy": size}}
+
+        return run_checkpoint.write(
+            tmp_path, count, experiment="e", command="c", config={}, write_files=files
+        )
+
+    write(1, "s.1")
+    last = write(2, "s.1")
+    manifest = run_checkpoint.read_manifest(last, "e", "resume_from")
+    assert manifest["shared"] == {"s.1/a.npy": {"bytes": 20}}
+    assert manifest["metadata"] == {"n": 2}
+    with open(root / "s.1" / "a.npy", "ab") as file:
+        file.write(b"uncommitted")  # longer than committed: fine
+    run_checkpoint.read_manifest(last, "e", "resume_from")
+    (root / "s.1" / "a.npy").write_bytes(b"x" * 19)
+    shared = root / "s.1" / "a.npy"
+    with pytest.raises(ValueError, match=rf"'{shared}' is truncated or altered"):
+        run_checkpoint.read_manifest(last, "e", "resume_from")
+    last = write(3, "s.3")  # a new store: the one no checkpoint names goes
+    assert sorted(p.name for p in root.iterdir()) == ["000003", "s.3"]
+    for bad in ["../x/a.npy", "s.3/../a.npy", "000003/a.npy", "a.npy", "/s/a.npy"]:
+        with pytest.raises(ValueError, match="is not DIRECTORY/FILE"):
+            run_checkpoint.write(
+                tmp_path,
+                4,
+                experiment="e",
+                command="c",
+                config={},
+                write_files=lambda d, bad=bad: {run_checkpoint.SHARED: {bad: 1}},
+            )
+    assert sorted(p.name for p in root.iterdir()) == ["000003", "s.3"]
+
+
 def test_configs_compare_key_by_key():
     saved = {"a": {"b": 1, "c": {}}, "logging": {"log_dir": "x"}}
     compare = functools.partial(

@@ -5,6 +5,7 @@ the CPU, seed fixed. A resumed run must end with the reward net, the agent and t
 preference dataset of the uninterrupted one, bit for bit.
 """
 
+import itertools
 import json
 import pathlib
 import shutil
@@ -18,8 +19,8 @@ import pytest
 import torch as th
 from stable_baselines3.common import save_util
 
-from imitation_accum.io import run_checkpoint
-from imitation_accum.preference.dataset import PreferenceDataset
+from imitation_accum.io import frame_store, run_checkpoint
+from imitation_accum.preference import resumable
 from imitation_accum.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex as ex,
 )
@@ -93,7 +94,9 @@ def final_state(run_dir: pathlib.Path):
     assert last.name == f"{ITERATIONS:06d}"
     state = th.load(last / "state.pt", weights_only=True)
     _, agent, _ = save_util.load_from_zip_file(last / "agent.zip")
-    store = PreferenceDataset.load(last / "preferences")
+    opened = resumable.open_preferences(last)
+    assert opened is not None
+    store, _ = opened
     # infos are left out: Monitor's episode info holds wall-clock time.
     arrays = {
         name: store._columns[name].to_array()
@@ -205,10 +208,124 @@ def test_stopped_before_its_first_checkpoint_starts_over_in_its_directory(
     assert differences(final_state(run_dir), uninterrupted) == []
 
 
+# --- the preference store grows in place -------------------------------------
+
+
+def committed_data(checkpoint: pathlib.Path, name: str) -> bytes:
+    """The data of array ``name`` of the store, as far as ``checkpoint`` commits."""
+    manifest = json.loads((checkpoint / "checkpoint.json").read_text())
+    entry = manifest["metadata"]["preferences"]["manifest"]["arrays"][name]
+    data = (store_of(checkpoint) / entry["file"]).read_bytes()
+    n_bytes = manifest["shared"][f"{store_of(checkpoint).name}/{entry['file']}"]
+    return data[n_bytes["bytes"] - entry["bytes"] : n_bytes["bytes"]]
+
+
+def test_each_checkpoint_appends_only_its_new_pairs(tmp_path, monkeypatch):
+    appended = []  # per append: the store and the pairs written
+    append = frame_store.Appender.append
+
+    def counting(store, arrays, shapes, metadata, env_id=None):
+        arrays = {name: list(blocks) for name, blocks in arrays.items()}
+        appended.append((store.path, sum(map(len, arrays["preferences"]))))
+        return append(store, arrays, shapes, metadata, env_id)
+
+    seen = []  # per checkpoint: its store's frames file, inode and committed frames
+    write = run_checkpoint.write
+
+    def recording(directory, count, **kwargs):
+        path = write(directory, count, **kwargs)
+        frames = store_of(path) / "frames.npy"
+        seen.append((frames, frames.stat().st_ino, committed_data(path, "frames")))
+        return path
+
+    monkeypatch.setattr(frame_store.Appender, "append", counting)
+    monkeypatch.setattr(run_checkpoint, "write", recording)
+    log_dir = tmp_path / "run"
+    run(log_dir)
+    opened = resumable.open_preferences(last_checkpoint(log_dir))
+    assert opened is not None
+    # One store, one file, grown: each checkpoint's frames begin with the last's.
+    assert len(seen) == ITERATIONS
+    assert len({(frames, inode) for frames, inode, _ in seen}) == 1
+    for (_, _, before), (_, _, after) in itertools.pairwise(seen):
+        assert len(after) > len(before) and after.startswith(before)
+    # Each pair was written once, by the checkpoint after the iteration that
+    # gathered it.
+    assert len(appended) == ITERATIONS and all(n > 0 for _, n in appended)
+    assert sum(n for _, n in appended) == len(opened[0])
+    assert sorted(p.name for p in run_checkpoint.root(log_dir).iterdir()) == [
+        f"{ITERATIONS:06d}",
+        store_of(last_checkpoint(log_dir)).name,
+    ]
+
+
+def test_bytes_after_the_last_checkpoint_are_cut_off_at_resume(
+    uninterrupted, stopped, tmp_path
+):
+    # The stopped run appended rows, rewrote headers and its store's manifest,
+    # and was killed before its next checkpoint was in place.
+    run_dir = copy_run(stopped, tmp_path)
+    store = store_of(last_checkpoint(run_dir))
+    for file in store.glob("*.npy"):
+        with open(file, "r+b") as out:
+            out.seek(out.read(256).index(b"'shape': (") + 10)
+            out.write(b"99")  # the header's row count
+            out.seek(0, 2)
+            out.write(b"\xff" * 1000)
+    (store / "manifest.json").write_text("{")
+    resume(run_dir)
+    assert differences(final_state(run_dir), uninterrupted) == []
+    last = last_checkpoint(run_dir)
+    assert store_of(last) == store
+    manifest = json.loads((last / "checkpoint.json").read_text())
+    assert {
+        f"{store.name}/{p.name}": {"bytes": p.stat().st_size}
+        for p in store.glob("*.npy")
+    } == manifest["shared"]
+
+
+def test_a_corrupt_committed_pair_is_refused_naming_the_file(stopped, tmp_path):
+    run_dir = copy_run(stopped, tmp_path)
+    frames = store_of(last_checkpoint(run_dir)) / "frames.npy"
+    data = bytearray(frames.read_bytes())
+    data[-3] ^= 0xFF
+    frames.write_bytes(bytes(data))
+    with pytest.raises(frame_store.StoreError, match=f"{frames}: the SHA-256"):
+        resume(run_dir)
+
+
+def test_a_bounded_dataset_starts_a_new_store_when_pairs_are_evicted(
+    tmp_path, monkeypatch
+):
+    bounded = {"comparison_queue_size": 5}
+    run(tmp_path / "uninterrupted", **bounded)
+    expected = final_state(tmp_path / "uninterrupted")
+    log_dir = tmp_path / "run"
+    write = run_checkpoint.write
+
+    def stopping(directory, written, **kwargs):
+        path = write(directory, written, **kwargs)
+        if written == 2:
+            raise StopError
+        return path
+
+    with monkeypatch.context() as patched:
+        patched.setattr(run_checkpoint, "write", stopping)
+        with pytest.raises(StopError):
+            run(log_dir, **bounded)
+    first = store_of(last_checkpoint(log_dir))
+    resume(log_dir, **bounded)
+    assert differences(final_state(log_dir), expected) == []
+    # Pairs were evicted after the second iteration: a new store, the old removed.
+    store = store_of(last_checkpoint(log_dir))
+    assert store != first and not first.exists()
+    assert len(resumable.open_preferences(last_checkpoint(log_dir))[0]) == 5
+
+
 # --- kill -9 at any moment ----------------------------------------------------
 
 #: File operations (fsync, rename, removal) of the run's four checkpoint writes.
-WRITE_OPERATIONS = 122
+WRITE_OPERATIONS = 79
 
 
 def kill_and_resume(tmp_path: pathlib.Path, trial: int, uninterrupted) -> None:
@@ -329,10 +446,17 @@ def test_checkpoint_of_another_format_version_is_named(stopped, tmp_path):
     )
 
 
-@pytest.mark.parametrize("name", ["agent.zip", "state.pt", "preferences/frames.npy"])
+def store_of(checkpoint: pathlib.Path) -> pathlib.Path:
+    """The directory of the preference store that ``checkpoint`` commits rows of."""
+    manifest = json.loads((checkpoint / "checkpoint.json").read_text())
+    return checkpoint.parent / manifest["metadata"]["preferences"]["store"]
+
+
+@pytest.mark.parametrize("name", ["agent.zip", "state.pt", "frames.npy"])
 def test_truncated_checkpoint_is_named(stopped, tmp_path, name):
     run_dir = copy_run(stopped, tmp_path)
-    damaged = last_checkpoint(run_dir) / name
+    checkpoint = last_checkpoint(run_dir)
+    damaged = (store_of(checkpoint) if name == "frames.npy" else checkpoint) / name
     data = damaged.read_bytes()
     damaged.write_bytes(data[: len(data) // 2])
     refused(run_dir, rf"'{damaged}' is truncated or altered")

@@ -3,7 +3,8 @@
 The manifest records each array's file, shape, dtype, size and SHA-256, plus
 metadata. Nothing is pickled: arrays are memory-mapped with ``allow_pickle=False``
 and read only from plain files inside the store's directory. A store is written in
-a temporary sibling directory (:mod:`imitation_accum.io.atomic`) renamed into place.
+a temporary sibling directory (:mod:`imitation_accum.io.atomic`) renamed into place,
+or grown in place, each append writing only its new rows (:class:`Appender`).
 """
 
 import ctypes
@@ -137,13 +138,7 @@ def _entry(
 ) -> Dict[str, Any]:
     dtype = np.dtype(dtype)
     digest = hashlib.sha256()
-    n_bytes = 0
-    for block in blocks:
-        data = np.ascontiguousarray(block, dtype=dtype).data
-        if file is not None:
-            file.write(data)
-        digest.update(data)
-        n_bytes += data.nbytes
+    n_bytes = _write_blocks(blocks, dtype, digest, file)
     expected = int(np.prod(shape)) * dtype.itemsize
     if file is not None and n_bytes != expected:
         raise ValueError(f"{name}.npy: wrote {n_bytes} bytes, shape needs {expected}")
@@ -154,6 +149,23 @@ def _entry(
         "bytes": expected,
         "sha256": digest.hexdigest(),
     }
+
+
+def _write_blocks(
+    blocks: Iterable[np.ndarray],
+    dtype: np.dtype,
+    digest: Any,
+    file: Optional[BinaryIO] = None,
+) -> int:
+    """Writes ``blocks`` as ``dtype`` to ``file`` (if any), hashing them; bytes."""
+    n_bytes = 0
+    for block in blocks:
+        data = np.ascontiguousarray(block, dtype=dtype).data
+        if file is not None:
+            file.write(data)
+        digest.update(data)
+        n_bytes += data.nbytes
+    return n_bytes
 
 
 def _check_replaceable(target: pathlib.Path) -> None:
@@ -263,20 +275,34 @@ def read_manifest(path: AnyPath) -> Dict[str, Any]:
         if isinstance(error, StoreError):
             raise
         raise StoreError(f"{manifest_path}: unreadable ({error})") from error
+    return check_manifest(manifest, str(manifest_path))
+
+
+def check_manifest(manifest: Any, where: str) -> Dict[str, Any]:
+    """Checks that ``manifest`` is a store manifest of this version; returns it.
+
+    Args:
+        manifest: A manifest as read from JSON.
+        where: Where it was read from, for messages (a file, or a file and key).
+
+    Raises:
+        StoreError: naming ``where``, if it is of another format or version, or
+            lacks its tables.
+    """
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise StoreError(f"{manifest_path}: not a {FORMAT} manifest")
+        raise StoreError(f"{where}: not a {FORMAT} manifest")
     if manifest.get("version") != VERSION:
         raise StoreError(
-            f"{manifest_path}: format version {manifest.get('version')!r}; this "
+            f"{where}: format version {manifest.get('version')!r}; this "
             f"version of imitation_accum reads version {VERSION}"
         )
     if not isinstance(manifest.get("arrays"), dict):
-        raise StoreError(f"{manifest_path}: no 'arrays' table")
+        raise StoreError(f"{where}: no 'arrays' table")
     if not isinstance(manifest.get("metadata", {}), dict):
-        raise StoreError(f"{manifest_path}: 'metadata' is not a table")
+        raise StoreError(f"{where}: 'metadata' is not a table")
     env_id = manifest.get("env_id")
     if env_id is not None and not isinstance(env_id, str):
-        raise StoreError(f"{manifest_path}: 'env_id' is {env_id!r}, not a string")
+        raise StoreError(f"{where}: 'env_id' is {env_id!r}, not a string")
     return manifest
 
 
@@ -335,14 +361,18 @@ def open_array(
 
 
 def _check_entry(
-    directory: pathlib.Path, manifest: Mapping[str, Any], name: str
+    directory: pathlib.Path,
+    manifest: Mapping[str, Any],
+    name: str,
+    source: Optional[str] = None,
 ) -> Tuple[str, Tuple[int, ...], np.dtype, int, str]:
     """Array ``name``'s manifest entry: file name, shape, dtype, bytes, SHA-256.
 
     Everything is checked before a file is opened: a crafted manifest must not
     make a load read (or map) a file outside the store, or map more than the file.
+    ``source`` names the manifest in messages (default: the store's own).
     """
-    where = f"{directory / MANIFEST}: array {name!r}"
+    where = f"{source or directory / MANIFEST}: array {name!r}"
     entry = manifest["arrays"].get(name)
     if not isinstance(entry, dict):
         raise StoreError(f"{where}: no entry")
@@ -464,3 +494,259 @@ def fingerprint_of(manifest: Mapping[str, Any]) -> str:
     }
     encoded = json.dumps(content, sort_keys=True).encode()
     return hashlib.sha256(encoded).hexdigest()
+
+
+# -- a store grown in place ----------------------------------------------------
+
+
+def append_header_bytes(row_shape: Tuple[int, ...], dtype: np.dtype) -> int:
+    """Bytes of the ``.npy`` header of an array file an :class:`Appender` grows.
+
+    The header of ``2**63 - 1`` rows of ``row_shape``, rounded up to 64 bytes: any
+    row count fits, so an append rewrites the header in place and the data never
+    move.
+    """
+    longest = _npy_header_text((2**63 - 1, *row_shape), dtype)
+    return -(-(10 + len(longest) + 1) // 64) * 64
+
+
+def _npy_header_text(shape: Tuple[int, ...], dtype: np.dtype) -> str:
+    # As numpy writes it (keys sorted), without the padding.
+    descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
+    shape = tuple(shape)
+    return f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': {shape!r}, }}"
+
+
+def _npy_header(shape: Tuple[int, ...], dtype: np.dtype) -> bytes:
+    """A version 1.0 ``.npy`` header of :func:`append_header_bytes` bytes."""
+    size = append_header_bytes(shape[1:], dtype)
+    text = _npy_header_text(shape, dtype).ljust(size - 10 - 1) + "\n"
+    return b"\x93NUMPY\x01\x00" + (size - 10).to_bytes(2, "little") + text.encode()
+
+
+class Appender:
+    """Grows a frame store in place: each append writes only the rows added since.
+
+    The store is a frame store (``.npy`` files and ``manifest.json``, read by
+    :func:`open_array`) whose files have headers of :func:`append_header_bytes`, so
+    that their data start at the same place whatever rows they hold. What counts is
+    the *committed* manifest, which the caller records where it commits (a
+    checkpoint): :meth:`append` first cuts each file back to it, dropping the bytes
+    of an append that was cut short or never committed, then writes and ``fsync``-s
+    the new rows and returns the new manifest; :meth:`commit` makes that the
+    committed one. An array's SHA-256 covers all its data, yet each append hashes
+    only its new rows: the hash state of the committed data is kept.
+
+    A new store comes from :meth:`create`; one that a committed manifest describes,
+    from :func:`open_committed`, which hashes its data once.
+
+    Args:
+        path: The store's directory.
+        manifest: Its committed manifest; ``None``: an empty store.
+        hashes: Per array, the SHA-256 state of its committed data.
+    """
+
+    def __init__(
+        self,
+        path: AnyPath,
+        manifest: Optional[Dict[str, Any]],
+        hashes: Mapping[str, Any],
+    ) -> None:
+        self.path = pathlib.Path(path)
+        self._committed = (manifest, dict(hashes))
+        self._pending: Optional[Tuple[Dict[str, Any], Dict[str, Any]]] = None
+
+    @classmethod
+    def create(cls, path: AnyPath) -> "Appender":
+        """A new, empty store at directory ``path``, replacing whatever is there."""
+        directory = pathlib.Path(path)
+        if directory.is_dir() and not directory.is_symlink():
+            shutil.rmtree(directory)
+        elif os.path.lexists(directory):
+            directory.unlink()
+        directory.mkdir(parents=True)
+        atomic.fsync_directory(directory.parent)
+        return cls(directory, None, {})
+
+    @property
+    def manifest(self) -> Optional[Dict[str, Any]]:
+        """The committed manifest (``None`` while nothing is committed)."""
+        return self._committed[0]
+
+    def rows(self, name: str) -> int:
+        """Rows of array ``name`` that are committed."""
+        manifest = self.manifest
+        if manifest is None or name not in manifest["arrays"]:
+            return 0
+        return int(manifest["arrays"][name]["shape"][0])
+
+    def append(
+        self,
+        arrays: Mapping[str, Iterable[np.ndarray]],
+        shapes: Mapping[str, Tuple[Tuple[int, ...], np.dtype]],
+        metadata: Mapping[str, Any],
+        env_id: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """Appends rows to every array, after its committed rows; returns the manifest.
+
+        The manifest (also written to the store's ``manifest.json``) holds until
+        :meth:`commit`; another append before then replaces these rows.
+
+        Args:
+            arrays: Per array name, the new rows as consecutive blocks.
+            shapes: Per array name, its full shape (committed and new rows) and dtype.
+            metadata: JSON-serializable metadata kept in the manifest.
+            env_id: The environment id recorded in the manifest (if not ``None``).
+
+        Raises:
+            ValueError: if the arrays are not the committed ones, a row shape or
+                dtype differs from theirs, or the blocks do not fill the shape.
+        """
+        manifest, hashes = self._committed
+        committed = {} if manifest is None else manifest["arrays"]
+        if committed and set(committed) != set(arrays):
+            raise ValueError(
+                f"{self.path}: appending arrays {sorted(arrays)} to a store of "
+                f"{sorted(committed)}"
+            )
+        entries, new_hashes = {}, {}
+        for name, blocks in arrays.items():
+            shape, dtype = shapes[name]
+            shape, dtype = tuple(int(n) for n in shape), np.dtype(dtype)
+            file_path = self.path / f"{name}.npy"
+            old = committed.get(name)
+            if old is not None and (
+                tuple(old["shape"][1:]) != shape[1:] or np.dtype(old["dtype"]) != dtype
+            ):
+                raise ValueError(
+                    f"{file_path}: rows of {dtype} {shape[1:]} cannot be appended to "
+                    f"rows of {np.dtype(old['dtype'])} {tuple(old['shape'][1:])}"
+                )
+            old_bytes = 0 if old is None else old["bytes"]
+            digest = hashlib.sha256() if old is None else hashes[name].copy()
+            header = _npy_header(shape, dtype)
+            with _open_for_append(file_path) as file:
+                file.truncate(len(header) + old_bytes)  # what no commit holds goes
+                file.seek(len(header) + old_bytes)
+                n_bytes = old_bytes + _write_blocks(blocks, dtype, digest, file)
+                expected = math.prod(shape) * dtype.itemsize
+                if n_bytes != expected:
+                    raise ValueError(
+                        f"{file_path}: holds {n_bytes} bytes, shape needs {expected}"
+                    )
+                file.seek(0)
+                file.write(header)
+                atomic.fsync_file(file)
+            entries[name] = {
+                "file": file_path.name,
+                "shape": list(shape),
+                "dtype": dtype.str,
+                "bytes": n_bytes,
+                "sha256": digest.hexdigest(),
+            }
+            new_hashes[name] = digest
+        new_manifest = _manifest(entries, metadata, env_id)
+        text = json.dumps(new_manifest, indent=1, sort_keys=True).encode()
+        atomic.atomic_write(self.path / MANIFEST, lambda file: file.write(text))
+        self._pending = (new_manifest, new_hashes)
+        return new_manifest
+
+    def commit(self) -> None:
+        """Makes the manifest of the last :meth:`append` the committed one."""
+        if self._pending is None:
+            raise ValueError(f"{self.path}: nothing appended since the last commit")
+        self._committed, self._pending = self._pending, None
+
+
+def committed_bytes(manifest: Mapping[str, Any]) -> Dict[str, int]:
+    """Per file of a grown store, the bytes its manifest ``manifest`` commits.
+
+    The header and the committed data: the file may be longer, never shorter.
+    """
+    return {
+        entry["file"]: append_header_bytes(
+            tuple(entry["shape"][1:]), np.dtype(entry["dtype"])
+        )
+        + entry["bytes"]
+        for entry in manifest["arrays"].values()
+    }
+
+
+def _open_for_append(path: pathlib.Path) -> BinaryIO:
+    """Opens (creates) ``path`` to read and write: a regular file, not a link."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise StoreError(f"{path}: a symbolic link, not an array file") from error
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StoreError(f"{path}: not a regular file")
+    return os.fdopen(fd, "r+b")
+
+
+def open_committed(
+    path: AnyPath, manifest: Any, source: str, names: Iterable[str]
+) -> Tuple[Dict[str, np.ndarray], Appender]:
+    """Maps the arrays of a grown store as a committed manifest records them.
+
+    Every committed byte is hashed and checked. The files may hold more (an
+    append cut short or never committed): it is not read, and the next append of
+    the returned :class:`Appender` cuts it off. Nothing is written. Headers are not
+    read (an uncommitted append may have rewritten them): the data start at
+    :func:`append_header_bytes`.
+
+    Args:
+        path: The store's directory.
+        manifest: The committed manifest (as :meth:`Appender.append` returned it).
+        source: Where ``manifest`` was read from, for messages.
+        names: The arrays to open (the manifest must have an entry for each).
+
+    Returns:
+        Per array name, a read-only ``np.memmap`` of its committed rows (or an
+        empty array); and an :class:`Appender` that appends after them.
+
+    Raises:
+        StoreError: naming the file, if it is missing, not a regular file, shorter
+            than the manifest records, or its committed bytes' SHA-256 differs;
+            naming ``source`` if the manifest is not one of this version.
+    """
+    directory = pathlib.Path(path)
+    check_manifest(manifest, source)
+    arrays, hashes = {}, {}
+    for name in names:
+        file_name, shape, dtype, n_bytes, sha256 = _check_entry(
+            directory, manifest, name, source
+        )
+        offset = append_header_bytes(shape[1:], dtype)
+        file_path = directory / file_name
+        with _open_plain(directory, file_name, f"array {name!r}") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size < offset + n_bytes:
+                raise StoreError(
+                    f"{file_path}: {max(size - offset, 0)} bytes of data, {source} "
+                    f"records {n_bytes} (truncated)"
+                )
+            digest = hashlib.sha256()
+            file.seek(offset)
+            left = n_bytes
+            while left:
+                block = file.read(min(left, 2**24))
+                if not block:
+                    raise StoreError(f"{file_path}: shorter than it was when opened")
+                digest.update(block)
+                left -= len(block)
+            if digest.hexdigest() != sha256:
+                raise StoreError(
+                    f"{file_path}: the SHA-256 of its first {n_bytes} bytes of data "
+                    f"differs from the one {source} records (corrupt)"
+                )
+            arrays[name] = (
+                np.memmap(file, dtype=dtype, mode="r", offset=offset, shape=shape)
+                if n_bytes
+                else np.empty(shape, dtype)
+            )
+            hashes[name] = digest
+    return arrays, Appender(directory, manifest, hashes)

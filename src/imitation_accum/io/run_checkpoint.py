@@ -9,6 +9,13 @@ place the older ones are removed, so a process killed at any moment leaves the l
 complete checkpoint, and perhaps a temporary directory that is ignored (and removed
 by the next write).
 
+A checkpoint may also depend on *shared* files that live beside the checkpoints, in
+a directory of ``checkpoints/resume/`` that successive checkpoints grow in place (the
+preference store, :class:`imitation_accum.io.frame_store.Appender`): its manifest's
+``"shared"`` table records each one's committed size (the file may be longer). A
+shared directory that the newest checkpoint does not name is removed with the older
+checkpoints.
+
 ``resume_from`` names a run directory (its latest checkpoint), a checkpoint
 directory or its ``checkpoint.json``. A run directory that holds a run of the
 experiment but no checkpoint yet (stopped during its first iteration) resumes from
@@ -31,13 +38,16 @@ from imitation_accum.io.atomic import AnyPath
 
 FORMAT = "imitation_accum.run_checkpoint"
 #: Format version written and read; another version is refused, naming the file.
-VERSION = 1
+#: Version 1 kept the preference store inside each checkpoint (written whole).
+VERSION = 2
 #: The manifest of a checkpoint directory.
 MANIFEST = "checkpoint.json"
 #: Where a run directory keeps its checkpoints.
 SUBDIRECTORY = pathlib.Path("checkpoints") / "resume"
 #: The config file sacred's run hooks write into a run directory.
 CONFIG = "config.json"
+#: The key of ``write_files``' result that names shared files (see :func:`write`).
+SHARED = "shared"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +218,11 @@ def write(
         write_files: Writes the checkpoint's files into the directory it is given
             and returns plain values recorded in the manifest (``"metadata"``).
             The manifest records every file's size, and the SHA-256 of those at
-            the top (a sub-directory's, a frame store's, checks its own).
+            the top (a sub-directory's, a frame store's, checks its own). Under
+            the key :data:`SHARED`, the result may name files this checkpoint
+            needs outside it, written and ``fsync``-ed already: their paths
+            ``"DIRECTORY/FILE"`` in the checkpoints' root and the bytes committed
+            of each (the manifest's ``"shared"`` table).
 
     Returns:
         The checkpoint's directory.
@@ -220,6 +234,12 @@ def write(
         _discard(target)
     with atomic.atomic_directory(target) as temporary:
         metadata = dict(write_files(temporary))
+        shared = {
+            path: {"bytes": int(n_bytes)}
+            for path, n_bytes in metadata.pop(SHARED, {}).items()
+        }
+        for path in shared:
+            _check_shared_path(path, f"checkpoint {str(target)!r}")
         files = {
             path.relative_to(temporary).as_posix(): (
                 _digest(path) if path.parent == temporary else _size(path)
@@ -235,13 +255,49 @@ def write(
             "count": int(count),
             "config": dict(config),
             "files": files,
+            "shared": shared,
             "metadata": metadata,
         }
         (temporary / MANIFEST).write_text(json.dumps(manifest, indent=1))
     for older in complete(directory):
         if older != target:
             _discard(older)
+    named = {path.split("/")[0] for path in shared}
+    for path in directory.iterdir():
+        if _is_shared_directory(path) and path.name not in named:
+            _discard(path)
     return target
+
+
+def _is_shared_directory(path: pathlib.Path) -> bool:
+    # Neither a checkpoint nor a temporary: what a checkpoint's shared files are in.
+    return (
+        path.is_dir()
+        and not path.is_symlink()
+        and not path.name.isdigit()
+        and not path.name.startswith(".")
+    )
+
+
+def _check_shared_path(path: Any, where: str) -> pathlib.PurePosixPath:
+    """``path`` of a ``"shared"`` table: ``DIRECTORY/FILE`` inside the root.
+
+    Raises:
+        ValueError: naming ``where``, if it is anything else.
+    """
+    parts = pathlib.PurePosixPath(path).parts if isinstance(path, str) else ()
+    if (
+        len(parts) != 2
+        or any(part in (".", "..") or "\\" in part for part in parts)
+        or parts[0].isdigit()
+        or parts[0].startswith(".")
+        or path != "/".join(parts)
+    ):
+        raise ValueError(
+            f"{where}: shared file {path!r} is not DIRECTORY/FILE in the "
+            "checkpoints' directory"
+        )
+    return pathlib.PurePosixPath(path)
 
 
 def _discard(checkpoint: pathlib.Path) -> None:
@@ -332,7 +388,27 @@ def read_manifest(
                 f"{name}: {str(file)!r} is altered (its SHA-256 differs from the "
                 "manifest's)"
             )
+    shared = manifest.get("shared", {})
+    if not isinstance(shared, dict):
+        raise ValueError(f"{name}: {str(path)!r} has a 'shared' that is not a table")
+    for file_name, recorded in shared.items():
+        file = checkpoint.parent / _check_shared_path(file_name, f"{name}: {path}")
+        if file.is_symlink() or not file.is_file():
+            raise ValueError(
+                f"{name}: {str(file)!r}, which the checkpoint needs, is missing"
+            )
+        size = file.stat().st_size
+        if size < recorded["bytes"]:
+            raise ValueError(
+                f"{name}: {str(file)!r} is truncated or altered ({size} bytes, the "
+                f"checkpoint needs its first {recorded['bytes']})"
+            )
     return manifest
+
+
+def recorded(checkpoint: pathlib.Path) -> Dict[str, Any]:
+    """The manifest of ``checkpoint`` as written (:func:`read_manifest` checks it)."""
+    return _read_json(checkpoint / MANIFEST, "the checkpoint manifest")
 
 
 def locate(

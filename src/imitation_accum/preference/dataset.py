@@ -167,19 +167,20 @@ class RowStore:
         """A copy of rows ``[start, stop)`` (ids)."""
         return self.take(np.arange(start, stop, dtype=np.int64))
 
-    def blocks(self) -> List[np.ndarray]:
-        """The live rows as views of consecutive blocks (for writing them out)."""
+    def blocks(self, start: Optional[int] = None) -> List[np.ndarray]:
+        """The live rows (from id ``start`` on) as views of consecutive blocks."""
+        first = self.first if start is None else max(self.first, int(start))
         out = []
-        for start, array, filled in self._segments:
-            lo = max(self.first, start) - start
-            hi = min(self.stop, start + filled) - start
+        for segment_start, array, filled in self._segments:
+            lo = max(first, segment_start) - segment_start
+            hi = min(self.stop, segment_start + filled) - segment_start
             if hi > lo:
                 out.append(array[lo:hi])
         return out
 
-    def to_array(self) -> np.ndarray:
-        """The live rows as one new array."""
-        blocks = self.blocks()
+    def to_array(self, start: Optional[int] = None) -> np.ndarray:
+        """The live rows (from id ``start`` on) as one new array."""
+        blocks = self.blocks(start)
         if not blocks:
             return np.empty((0, *self.row_shape), self.dtype)
         return np.concatenate(blocks)
@@ -313,6 +314,9 @@ class PreferenceDataset(ImitationPreferenceDataset):
         self._fingerprint: Optional[str] = None
         self._source: Optional[pathlib.Path] = None
         self._env_id: Optional[str] = None
+        # The grown store this dataset appends to, and each array's first id when
+        # that store began (see append_to).
+        self._appending: Optional[Tuple[frame_store.Appender, Dict[str, int]]] = None
 
     def __len__(self) -> int:
         return len(self._columns["preferences"]) if self._columns else 0
@@ -554,25 +558,36 @@ class PreferenceDataset(ImitationPreferenceDataset):
         cols["rews"].drop_before(first[_TRANS])
         cols["frames"].drop_before(first[_FRAME])
 
-    def _arrays(self) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
-        """Blocks, shapes and metadata of the store file format (ids from 0)."""
+    def _arrays(
+        self, skip: Optional[Mapping[str, int]] = None
+    ) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
+        """Blocks, shapes and metadata of the store file format (ids from 0).
+
+        ``skip``: per array, rows left out at its start (those a store holds); the
+        shapes are the whole arrays'.
+        """
         assert self._layout is not None
         columns = self._columns
-        fragments = columns["fragments"].to_array()
+        start = {
+            name: column.first + (skip or {}).get(name, 0)
+            for name, column in columns.items()
+        }
+        fragments = columns["fragments"].to_array(start["fragments"])
         if len(fragments):  # ids of observations, transitions and frames shift
             shift = np.zeros(6, np.int64)
             shift[[_OBS, _TRANS, _FRAME]] = [
                 columns[name].first for name in ("obs_frames", "acts", "frames")
             ]
             fragments = fragments - shift
+        obs_frames = columns["obs_frames"].to_array(start["obs_frames"])
+        info_spans = columns["info_spans"].to_array(start["info_spans"])
         small = {
-            "obs_frames": columns["obs_frames"].to_array() - columns["frames"].first,
+            "obs_frames": obs_frames - columns["frames"].first,
             "fragments": fragments,
-            "info_spans": columns["info_spans"].to_array()
-            - np.array([columns["infos"].first, 0]),
+            "info_spans": info_spans - np.array([columns["infos"].first, 0]),
         }
         blocks = {
-            name: [small[name]] if name in small else columns[name].blocks()
+            name: [small[name]] if name in small else columns[name].blocks(start[name])
             for name in _ARRAYS
         }
         shapes = {
@@ -653,6 +668,15 @@ class PreferenceDataset(ImitationPreferenceDataset):
             )
             for name in _ARRAYS
         }
+        return PreferenceDataset._of_store(directory, manifest, arrays)
+
+    @staticmethod
+    def _of_store(
+        directory: pathlib.Path,
+        manifest: Mapping[str, Any],
+        arrays: Mapping[str, np.ndarray],
+    ) -> "PreferenceDataset":
+        """The dataset of a store's opened arrays, checked against each other."""
         layout = _check_store(directory, manifest, arrays)
         dataset = PreferenceDataset(
             max_size=manifest.get("metadata", {}).get("max_size")
@@ -663,6 +687,63 @@ class PreferenceDataset(ImitationPreferenceDataset):
         dataset._fingerprint = frame_store.fingerprint_of(manifest)
         dataset._source = directory
         return dataset
+
+    def append_to(self, store: frame_store.Appender) -> Optional[Dict[str, Any]]:
+        """Appends the pairs pushed since ``store``'s committed ones; its new manifest.
+
+        Only the new rows of each array are written
+        (:meth:`imitation_accum.io.frame_store.Appender.append`); they hold once
+        ``store.commit()`` is called. A store only grows: if pairs were evicted
+        (``max_size``) since ``store`` began, or it holds rows this dataset did not
+        append, nothing is written and ``None`` is returned: append to a new store
+        then, which takes every pair.
+
+        Raises:
+            ValueError: if the dataset is empty.
+        """
+        if not self._columns:
+            raise ValueError("the dataset is empty: push some pairs before appending")
+        firsts = {name: column.first for name, column in self._columns.items()}
+        if store.manifest is None:
+            self._appending = (store, firsts)
+        elif self._appending is None or self._appending[0] is not store:
+            return None
+        if self._appending[1] != firsts:
+            return None
+        skip = {name: store.rows(name) for name in _ARRAYS}
+        blocks, shapes, metadata = self._arrays(skip)
+        manifest = store.append(blocks, shapes, metadata, env_id=self._env_id)
+        self._fingerprint = frame_store.fingerprint_of(manifest)
+        self._source = store.path
+        return manifest
+
+    @staticmethod
+    def open_committed(
+        path: AnyPath, manifest: Mapping[str, Any], source: str
+    ) -> Tuple["PreferenceDataset", frame_store.Appender]:
+        """Opens a store grown by :meth:`append_to` as a committed manifest records it.
+
+        As :meth:`load` (memory-mapped, read-only, every array's SHA-256 and the
+        arrays against each other checked), but from ``manifest`` and only the
+        rows it commits (:func:`imitation_accum.io.frame_store.open_committed`).
+
+        Args:
+            path: The store's directory.
+            manifest: Its committed manifest, as :meth:`append_to` returned it.
+            source: Where ``manifest`` was read from, for messages.
+
+        Returns:
+            The dataset, and the store's appender: :meth:`append_to` it appends
+            the pairs pushed later.
+
+        Raises:
+            imitation_accum.io.frame_store.StoreError: naming the file at fault.
+        """
+        directory = util.parse_path(path)
+        arrays, store = frame_store.open_committed(directory, manifest, source, _ARRAYS)
+        dataset = PreferenceDataset._of_store(directory, manifest, arrays)
+        dataset._appending = (store, {name: 0 for name in _ARRAYS})
+        return dataset, store
 
     def fingerprint(self) -> str:
         """A hexadecimal SHA-256 of the content: pairs, preferences, every array.

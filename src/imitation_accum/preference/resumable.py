@@ -14,8 +14,15 @@ checkpoint holds:
 - ``agent.zip``: the SB3 agent as SB3 saves it, optimizer and counters included;
 - ``environments.pkl``: the agent's vector environment, every layer
   (:func:`imitation_accum.io.run_state.save_environments`), where it pickles;
-- ``preferences/``: the preference dataset, a frame store. The store has no
-  in-place append: each checkpoint writes it whole (``docs/hardening.md``).
+- in ``checkpoint.json``'s metadata under ``"preferences"``: which store holds the
+  preference dataset and the store's manifest as of this checkpoint (each array's
+  rows and SHA-256). The store, ``checkpoints/resume/preferences.NNNNNN/`` (``N``:
+  the checkpoint that began it), lives beside the checkpoints and grows in place:
+  a checkpoint appends the pairs pushed since the last one
+  (:class:`imitation_accum.io.frame_store.Appender`). A resume reads the rows the
+  checkpoint commits, verified, and the next append cuts off what follows them.
+  A store only grows: where ``max_size`` evicted pairs, a new store takes all of
+  them (the whole dataset is written, as by ``save``).
 
 A resumed run equals the uninterrupted one bit for bit where the environments were
 saved; elsewhere they restart from ``reset`` with a seed derived from the run's seed
@@ -34,7 +41,7 @@ import torch as th
 from imitation.algorithms import preference_comparisons as pc
 from imitation.util import util
 
-from imitation_accum.io import run_checkpoint, run_state, training_state
+from imitation_accum.io import frame_store, run_checkpoint, run_state, training_state
 from imitation_accum.preference.dataset import PreferenceDataset
 
 #: The experiment whose checkpoints these are.
@@ -70,6 +77,10 @@ class ResumablePreferenceComparisons(pc.PreferenceComparisons):
         self.checkpointing = checkpointing
         self._results: Tuple[Optional[float], Optional[float]] = (None, None)
         self._unsaved_environments: Optional[str] = None
+        # The preference store the last checkpoint committed, and the one appended
+        # to by the checkpoint being written.
+        self._store: Optional[frame_store.Appender] = None
+        self._appended: Optional[frame_store.Appender] = None
 
     def train(
         self,
@@ -213,14 +224,43 @@ class ResumablePreferenceComparisons(pc.PreferenceComparisons):
         if agent is not None:
             (directory / _AGENT).write_bytes(run_state.save_agent(agent))
             environments = self._save_environments(agent, directory)
+        metadata = {"iteration": int(self._iteration), "environments": environments}
         if len(self.dataset):
-            if not isinstance(self.dataset, PreferenceDataset):
-                raise TypeError(
-                    "checkpoints hold imitation_accum's PreferenceDataset (run under "
-                    f"imitation_accum.patched()), not a {type(self.dataset).__name__}"
-                )
-            self.dataset.save(directory / _PREFERENCES)
-        return {"iteration": int(self._iteration), "environments": environments}
+            metadata.update(self._append_preferences(directory.parent))
+        return metadata
+
+    def _append_preferences(self, root: pathlib.Path) -> Dict[str, Any]:
+        """Appends the pairs pushed since the last checkpoint to the run's store.
+
+        Returns:
+            What ``checkpoint.json`` records: the store and its manifest, and its
+            files' committed sizes (:data:`run_checkpoint.SHARED`).
+        """
+        dataset = self.dataset
+        if not isinstance(dataset, PreferenceDataset):
+            raise TypeError(
+                "checkpoints hold imitation_accum's PreferenceDataset (run under "
+                f"imitation_accum.patched()), not a {type(dataset).__name__}"
+            )
+        store, manifest = self._store, None
+        # A store of another run directory (resumed into a new log_dir) is not
+        # this run's to grow.
+        if store is not None and store.path.parent.resolve() == root.resolve():
+            manifest = dataset.append_to(store)
+        if manifest is None:  # the first store, or pairs were evicted since
+            name = f"{_PREFERENCES}.{self._iteration:06d}"
+            store = frame_store.Appender.create(root / name)
+            manifest = dataset.append_to(store)
+            assert manifest is not None
+        assert store is not None
+        self._appended = store
+        sizes = frame_store.committed_bytes(manifest)
+        return {
+            _PREFERENCES: {"store": store.path.name, "manifest": manifest},
+            run_checkpoint.SHARED: {
+                f"{store.path.name}/{file}": n for file, n in sizes.items()
+            },
+        }
 
     def _save_environments(self, agent: Any, directory: pathlib.Path) -> str:
         venv = agent.get_env()
@@ -244,14 +284,24 @@ class ResumablePreferenceComparisons(pc.PreferenceComparisons):
         if log_dir is None:
             return
         start = time.perf_counter()
-        path = run_checkpoint.write(
-            log_dir,
-            self._iteration,
-            experiment=EXPERIMENT,
-            command=EXPERIMENT,
-            config=self.checkpointing.config,
-            write_files=lambda directory: self._write_files(directory, schedule),
-        )
+        self._appended = None
+        try:
+            path = run_checkpoint.write(
+                log_dir,
+                self._iteration,
+                experiment=EXPERIMENT,
+                command=EXPERIMENT,
+                config=self.checkpointing.config,
+                write_files=lambda directory: self._write_files(directory, schedule),
+            )
+        except BaseException:
+            # Whether the checkpoint is in place is not known: the next one starts
+            # a new store rather than cut back one that it may need.
+            self._store = None
+            raise
+        if self._appended is not None:
+            self._appended.commit()
+        self._store = self._appended
         self.logger.log(
             f"Checkpoint after iteration {self._iteration} written to {path} in "
             f"{time.perf_counter() - start:.3f} s"
@@ -278,8 +328,9 @@ class ResumablePreferenceComparisons(pc.PreferenceComparisons):
             training_state.restore_state(
                 member, training_state.TrainingState(**saved), checkpoint
             )
-        if (checkpoint / _PREFERENCES).is_dir():
-            loaded = PreferenceDataset.load(checkpoint / _PREFERENCES)
+        opened = open_preferences(checkpoint)
+        if opened is not None:
+            loaded, self._store = opened
             vars(self.dataset).update(vars(loaded))
         agent = self._agent()
         if agent is not None:
@@ -314,3 +365,33 @@ class ResumablePreferenceComparisons(pc.PreferenceComparisons):
             f"from reset with seed {seed} (derived from the run's seed "
             f"{self.checkpointing.seed} and iteration {iteration})"
         )
+
+
+def open_preferences(
+    checkpoint: pathlib.Path,
+) -> Optional[Tuple[PreferenceDataset, frame_store.Appender]]:
+    """The preference dataset as checkpoint ``checkpoint`` holds it, and its store.
+
+    Memory-mapped and read-only; every byte the checkpoint commits is hashed and
+    checked. Nothing is written: bytes after the committed ones (of a run stopped
+    after this checkpoint) are cut off by the store's next append.
+
+    Returns:
+        ``None`` if the checkpoint holds no pairs.
+
+    Raises:
+        imitation_accum.io.frame_store.StoreError: naming the file, if a store file
+            is missing, truncated or corrupt.
+    """
+    source = f"{checkpoint / run_checkpoint.MANIFEST} (metadata.{_PREFERENCES})"
+    record = run_checkpoint.recorded(checkpoint).get("metadata", {}).get(_PREFERENCES)
+    if record is None:
+        return None
+    name = record.get("store") if isinstance(record, dict) else None
+    if not (isinstance(name, str) and name.startswith(f"{_PREFERENCES}.")):
+        raise frame_store.StoreError(f"{source}: store {name!r} is not a store's name")
+    if pathlib.PurePath(name).name != name or name in (".", ".."):
+        raise frame_store.StoreError(f"{source}: store {name!r} is not a plain name")
+    return PreferenceDataset.open_committed(
+        checkpoint.parent / name, record.get("manifest"), source
+    )
