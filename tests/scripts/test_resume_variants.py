@@ -17,7 +17,7 @@ from imitation.data import rollout, serialize
 from imitation.util import util
 
 from imitation_accum.io import run_checkpoint
-from imitation_accum.preference.dataset import PreferenceDataset
+from imitation_accum.preference import resumable
 
 from . import test_resume_preference_comparisons as base
 
@@ -29,7 +29,9 @@ def _state(run_dir: pathlib.Path):
     last = run_checkpoint.complete(run_checkpoint.root(run_dir))[-1]
     assert last.name == f"{base.ITERATIONS:06d}"
     state = th.load(last / "state.pt", weights_only=True)
-    store = PreferenceDataset.load(last / "preferences")
+    opened = resumable.open_preferences(last)
+    assert opened is not None
+    store, _ = opened
     arrays = {
         name: store._columns[name].to_array()
         for name in ("frames", "acts", "fragments", "preferences")
