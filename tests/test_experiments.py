@@ -166,6 +166,7 @@ def _committed_results_untouched():
 def test_every_script_is_tested_and_uses_docs_results():
     tested = {
         "atari_reward_memory.py",
+        "bench_checkpoint_cost.py",  # tests/test_frame_store_experiment.py
         "bench_discriminator.py",
         "bench_distributed.py",
         "bench_forward_size.py",

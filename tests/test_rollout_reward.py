@@ -391,6 +391,8 @@ def test_bench_quick(tmp_path: Any) -> None:
             sys.executable,
             "experiments/bench_rollout_reward.py",
             "--quick",
+            "--seeds",
+            "2",
             "--out-dir",
             str(tmp_path),
         ],
@@ -405,8 +407,9 @@ def test_bench_quick(tmp_path: Any) -> None:
     text = (tmp_path / "bench_rollout_reward.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| per step")]
     rows += [line for line in text.splitlines() if line.startswith("| batched")]
-    assert len(rows) == 2, text
-    assert "Whole run, per step / batched: " in text
+    assert len(rows) == 4, text
+    assert "Medians over the 2 pairs (each pair's ratio, same seed): whole run" in text
+    assert "Across the seeds, per step / batched: final reward accuracy" in text
     assert re.search(
         r"^Made by: `python experiments/bench_rollout_reward\.py --quick", text, re.M
     )
