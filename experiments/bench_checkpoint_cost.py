@@ -262,6 +262,7 @@ def main() -> None:
         schedule = [2, 1, 1, 1, 1]
     filled = int(np.argmax(np.cumsum(schedule) >= args.pairs)) + 1  # iterations
     args.pairs = int(np.sum(schedule[:filled]))
+    load_before = os.getloadavg()[0]
     rng = np.random.default_rng(0)
     pool = rng.integers(0, 256, (2048, 84, 84), dtype=np.uint8)
     agent, learn_seconds = make_agent(config, n_envs, steps)
@@ -341,6 +342,8 @@ def main() -> None:
         f"{n_envs} environments, CPU) took {learn_seconds:.1f} s; an `atari_pong` "
         "iteration trains the agent for 100,000 steps and the reward net for "
         "3 epochs over every pair held (not timed here).\n"
+        f"- Load average (1 min) when it began and ended: {load_before:.2f}, "
+        f"{os.getloadavg()[0]:.2f}.\n"
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "bench_checkpoint_cost.md"
