@@ -272,7 +272,9 @@ def main() -> None:
         work_dir = pathlib.Path(work)
         log_dir = work_dir / "run"
         dataset = PreferenceDataset()
-        dataset.push(*make_pairs(rng, args.pairs, length, pool))
+        for done in range(0, args.pairs, 50):  # the stacks are 4x the store
+            n = min(50, args.pairs - done)
+            dataset.push(*make_pairs(rng, n, length, pool))
         store = frame_store.Appender.create(
             run_checkpoint.root(log_dir) / f"preferences.{filled:06d}"
         )
