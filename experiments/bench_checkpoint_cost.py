@@ -1,199 +1,351 @@
-r"""What one preference-comparison checkpoint costs at ``atari_pong``'s sizes.
+r"""What one preference checkpoint costs at ``atari_pong``'s sizes, part by part.
 
-A resumable run's checkpoint (``imitation_accum.preference.resumable``) appends
-the pairs gathered since the last checkpoint to the run's frame store, saves the
-agent as SB3 does, and writes the reward trainer's state. This times each part
-at ``atari_pong``'s sizes, with the page cache as a running job has it:
+The sizes are the ``atari_pong`` named config's (``fragment_length=100``,
+``total_comparisons=5000`` over ``num_iterations=100``, 8 environments, SB3's PPO
+with ``ActorCriticCnnPolicy``) and the defaults of imitation it keeps
+(``initial_comparison_frac=0.1``, the hyperbolic query schedule). The schedule
+says how many pairs each iteration gathers: the store is filled with those of the
+first iterations until it holds ``--pairs`` (2,500: after iteration 37 of 100),
+then each of ``--repeats`` checkpoints appends the next iteration's pairs. Pairs
+are 84x84x4 uint8 frame stacks of random frames in SB3's ``VecFrameStack`` layout
+(the store keeps 104 frames a fragment), random actions and preferences: what is
+written does not depend on what the frames show.
 
-- the store: a grown store holding ``--held`` pairs of ``--length``-step
-  fragments of 84x84x4 frame stacks (random frames, as SB3's ``VecFrameStack``
-  lays them out) takes ``--new`` more (``atari_pong``: 5,000 comparisons over
-  100 iterations, 50 an iteration), fsync-ed, median of ``--repeats`` appends;
-  against it, ``PreferenceDataset.save`` of the same store whole (what each
-  checkpoint did before the store grew in place), once;
-- the agent: ``run_state.save_agent`` of SB3's PPO with ``CnnPolicy`` on 84x84x4
-  frames and Pong's 6 actions, written and fsync-ed (``agent.zip``);
-- the reward trainer: ``th.save`` of its state (``CnnRewardNet`` with AdamW's
-  moments, as ``state.pt`` holds it), written and fsync-ed.
+Each checkpoint is a real :func:`imitation_accum.io.run_checkpoint.write` in a run
+directory under ``--work-dir``, its parts timed inside it as
+``ResumablePreferenceComparisons`` writes them:
 
-An ``atari_pong`` iteration, which the checkpoint follows, trains the agent for
-100,000 steps and the reward net on the pairs so far; this does not run one.
+- the preferences: ``PreferenceDataset.append_to`` the run's store (new rows
+  written, hashed and ``fsync``-ed; the store's manifest);
+- ``agent.zip``: ``run_state.save_agent`` of the PPO agent on 8 masked Pong
+  environments (after one update of 1,024 steps, so that its Adam state exists);
+- ``environments.pkl``: ``run_state.save_environments`` of those environments,
+  where they pickle;
+- ``state.pt``: ``th.save`` of the reward trainer's state (``CnnRewardNet`` with
+  ``RunningNorm`` output normalization, as ``atari_pong``; Adam state after one
+  step) and the generators;
+
+and the whole write (also the SHA-256 of ``agent.zip`` and ``state.pt``,
+``checkpoint.json``, ``fsync``, rename, removal of the older checkpoint). Against
+it: what checkpoint format 1 did with the same dataset, ``PreferenceDataset.save``
+into a new directory (the whole store, ``fsync``-ed). Also timed: the store's first
+append (every pair, as when a store begins) and what a resume reads,
+``PreferenceDataset.open_committed`` (every committed byte hashed; page cache warm).
 
 Usage::
 
-    python experiments/bench_checkpoint_cost.py  # docs/results/bench_checkpoint_cost.md
-    python experiments/bench_checkpoint_cost.py --quick --out-dir /tmp/bcc
+    python experiments/bench_checkpoint_cost.py  # docs/results/
+    python experiments/bench_checkpoint_cost.py --quick --out-dir /tmp/bcc  # no figures
+
+Disk: the store and, for a moment, its format-1 copy (7.4 GB for 2,500 pairs).
 """
 
 import argparse
-import io
+import dataclasses
 import os
 import pathlib
+import shutil
 import statistics
 import tempfile
 import time
-from typing import Callable
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import torch as th
 
 import _results
-from frame_store_verify import make_pairs
 
 MIB = 2**20
 
 
-def timed(function: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    function()
-    return time.perf_counter() - start
+def schedule_of(config: Dict[str, Any]) -> List[int]:
+    """Pairs gathered per iteration, as ``ResumablePreferenceComparisons.train``."""
+    from imitation.algorithms import preference_comparisons as pc
+    from imitation.util import util
+
+    total, iterations = config["total_comparisons"], config["num_iterations"]
+    initial = int(total * 0.1)  # imitation's initial_comparison_frac
+    hyperbolic = np.vectorize(pc.QUERY_SCHEDULES["hyperbolic"])
+    probs = hyperbolic(np.linspace(0, 1, iterations))
+    probs = probs / np.sum(probs)
+    return [initial, *util.oric(probs * (total - initial)).tolist()]
 
 
-def directory_bytes(path: pathlib.Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+def make_pairs(rng: np.random.Generator, n_pairs: int, length: int, pool: np.ndarray):
+    """Pairs of ``length``-step fragments of 84x84x4 stacks of frames from ``pool``."""
+    from imitation.data import types
+
+    pairs = []
+    for _ in range(n_pairs):
+        sides = []
+        for _ in range(2):
+            start = int(rng.integers(0, len(pool) - length - 4))
+            frames = pool[start : start + length + 4]
+            # Observation t: frames t..t+3, oldest first, on the last axis.
+            obs = np.stack([frames[t : t + 4] for t in range(length + 1)])
+            obs = np.ascontiguousarray(np.moveaxis(obs, 1, -1))
+            sides.append(
+                types.TrajectoryWithRew(
+                    obs=obs,
+                    acts=rng.integers(0, 6, length),
+                    infos=None,
+                    terminal=False,
+                    rews=np.zeros(length, np.float32),
+                )
+            )
+        pairs.append((sides[0], sides[1]))
+    return pairs, rng.uniform(size=n_pairs).astype(np.float32)
 
 
-def push(dataset, rng: np.random.Generator, n_pairs: int, length: int) -> None:
-    """Pushes ``n_pairs`` pairs, a hundred at a time (pairs hold their stacks)."""
-    for start in range(0, n_pairs, 100):
-        dataset.push(*make_pairs(rng, min(100, n_pairs - start), length))
-
-
-def agent_save(directory: pathlib.Path) -> tuple:
-    """Seconds and bytes of a PPO CnnPolicy agent for Pong saved, written, fsync-ed."""
-    import gymnasium as gym
+def make_agent(config: Dict[str, Any], n_envs: int, steps: int):
+    """PPO as ``atari_pong`` builds it, after one update; and its seconds."""
+    import ale_py  # noqa: F401  (registers the ALE ids)
+    from imitation.data import wrappers
+    from imitation.util import util
     from stable_baselines3 import PPO
-    from stable_baselines3.common import vec_env
 
-    from imitation_accum.io import run_state
+    from imitation_accum.envs import atari
 
-    class Frames(gym.Env):
-        observation_space = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
-        action_space = gym.spaces.Discrete(6)
-
-        def reset(self, *, seed=None, options=None):
-            super().reset(seed=seed)
-            return self.observation_space.sample(), {}
-
-        def step(self, action):
-            return self.observation_space.sample(), 0.0, False, False, {}
-
-    agent = PPO("CnnPolicy", vec_env.DummyVecEnv([Frames] * 8), n_steps=16, seed=0)
-    agent.learn(128)  # the optimizer holds its moments, as in a running job
-    path = directory / "agent.zip"
-
-    def write() -> None:
-        with open(path, "wb") as file:
-            file.write(run_state.save_agent(agent))
-            file.flush()
-            os.fsync(file.fileno())
-
-    seconds = statistics.median(timed(write) for _ in range(3))
-    return seconds, path.stat().st_size
+    atari.register_envs()
+    environment = config["environment"]
+    venv = util.make_vec_env(
+        environment["gym_id"],
+        rng=np.random.default_rng(0),
+        n_envs=n_envs,
+        max_episode_steps=environment["max_episode_steps"],
+        post_wrappers=[lambda env, _: wrappers.RolloutInfoWrapper(env)],
+    )
+    rl = config["rl"]
+    agent = PPO(
+        config["policy"]["policy_cls"],
+        venv,
+        n_steps=steps // n_envs,
+        seed=0,
+        device="cpu",
+        **{**rl["rl_kwargs"], "batch_size": min(rl["rl_kwargs"]["batch_size"], steps)},
+    )
+    start = time.perf_counter()
+    agent.learn(total_timesteps=steps)
+    return agent, time.perf_counter() - start
 
 
-def trainer_state_save(directory: pathlib.Path) -> tuple:
-    """Seconds and bytes of the reward trainer's state written and fsync-ed."""
+def make_reward_trainer():
+    """The reward trainer of ``atari_pong``, its Adam state after one step."""
     from gymnasium import spaces
     from imitation.algorithms import preference_comparisons as pc
     from imitation.rewards import reward_nets
+    from imitation.util import networks
 
     from imitation_accum import CrossEntropyRewardTrainer
-    from imitation_accum.io import training_state
 
-    th.manual_seed(0)
     net = reward_nets.CnnRewardNet(
-        spaces.Box(0, 255, (84, 84, 4), np.uint8), spaces.Discrete(6)
+        spaces.Box(0, 255, (84, 84, 4), np.uint8),
+        spaces.Discrete(6),
     )
+    net = reward_nets.NormalizedRewardNet(net, networks.RunningNorm)
     trainer = CrossEntropyRewardTrainer(
         pc.PreferenceModel(net),
         pc.CrossEntropyRewardLoss(),
         np.random.default_rng(0),
-        epochs=1,
+        batch_size=128,
+        minibatch_size=16,
+        epochs=3,
         progress_bar=False,
     )
-    for group in trainer.optim.param_groups:  # AdamW's moments, as after a step
-        for p in group["params"]:
-            trainer.optim.state[p] = {
-                "step": th.tensor(1.0),
-                "exp_avg": th.zeros_like(p),
-                "exp_avg_sq": th.zeros_like(p),
+    sum(p.sum() for p in net.parameters()).backward()
+    trainer.optim.step()
+    return trainer
+
+
+def timed(function) -> Tuple[Any, float]:
+    start = time.perf_counter()
+    result = function()
+    return result, time.perf_counter() - start
+
+
+def fsynced_size(path: pathlib.Path) -> int:
+    with open(path, "rb") as file:
+        os.fsync(file.fileno())
+    return path.stat().st_size
+
+
+def checkpoint(
+    log_dir: pathlib.Path,
+    count: int,
+    dataset,
+    store,
+    agent,
+    trainer,
+) -> Dict[str, Any]:
+    """One checkpoint written as ``ResumablePreferenceComparisons`` writes it."""
+    from imitation_accum.io import frame_store, run_checkpoint, run_state
+    from imitation_accum.io import training_state as ts
+
+    times: Dict[str, Any] = {}
+
+    def write_files(directory: pathlib.Path) -> Dict[str, Any]:
+        def state() -> int:
+            saved = {
+                "iteration": count,
+                "trainer": dataclasses.asdict(ts.capture_state(trainer, epoch=count)),
+                "generators": run_state.capture_generators({"trainer": trainer.rng}),
             }
-    path = directory / "state.pt"
+            th.save(saved, directory / "state.pt")
+            return fsynced_size(directory / "state.pt")
 
-    def write() -> None:
-        buffer = io.BytesIO()
-        th.save(training_state.capture_state(trainer, epoch=1), buffer)
-        with open(path, "wb") as file:
-            file.write(buffer.getvalue())
-            file.flush()
-            os.fsync(file.fileno())
+        def agent_zip() -> int:
+            (directory / "agent.zip").write_bytes(run_state.save_agent(agent))
+            return fsynced_size(directory / "agent.zip")
 
-    seconds = statistics.median(timed(write) for _ in range(3))
-    return seconds, path.stat().st_size
+        def environments() -> Any:
+            shared = {"agent": agent, "policy": agent.policy}
+            try:
+                saved = run_state.save_environments(agent.get_env(), shared)
+            except Exception as error:  # what the checkpoint records then
+                return f"not saved ({type(error).__name__}: {error})"
+            (directory / "environments.pkl").write_bytes(saved)
+            return fsynced_size(directory / "environments.pkl")
+
+        times["state_bytes"], times["state"] = timed(state)
+        times["agent_bytes"], times["agent"] = timed(agent_zip)
+        times["environments_bytes"], times["environments"] = timed(environments)
+        manifest, times["append"] = timed(lambda: dataset.append_to(store))
+        sizes = frame_store.committed_bytes(manifest)
+        return {
+            "preferences": {"store": store.path.name, "manifest": manifest},
+            run_checkpoint.SHARED: {
+                f"{store.path.name}/{f}": n for f, n in sizes.items()
+            },
+        }
+
+    _, times["total"] = timed(
+        lambda: run_checkpoint.write(
+            log_dir,
+            count,
+            experiment="bench",
+            command="bench",
+            config={},
+            write_files=write_files,
+        )
+    )
+    store.commit()
+    return times
+
+
+def rewrite_whole(dataset, directory: pathlib.Path) -> float:
+    """Checkpoint format 1's preferences: the whole store into a new directory."""
+    target = directory / "format1" / "preferences"
+    _, seconds = timed(lambda: dataset.save(target))
+    shutil.rmtree(target.parent)
+    return seconds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--held", type=int, default=2500, help="pairs in the store")
-    parser.add_argument("--new", type=int, default=50, help="pairs a checkpoint adds")
-    parser.add_argument("--length", type=int, default=100, help="steps per fragment")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=2500, help="pairs in the store")
+    parser.add_argument("--repeats", type=int, default=3, help="checkpoints timed")
+    parser.add_argument("--work-dir", type=pathlib.Path, default=None)
     parser.add_argument("--quick", action="store_true")
     _results.add_out_dir(parser)
     args = parser.parse_args()
     out_dir = _results.resolve_out_dir(args)
-    if args.quick:
-        args.held, args.new, args.length, args.repeats = 8, 2, 5, 1
 
     from imitation_accum import PreferenceDataset
-    from imitation_accum.io import frame_store
+    from imitation_accum.io import frame_store, run_checkpoint
+    from imitation_accum.scripts import presets
 
+    config = presets.preference_config("Pong")
+    length, n_envs, steps = config["fragment_length"], 8, config["rl"]["batch_size"]
+    schedule = schedule_of(config)
+    if args.quick:
+        args.pairs, args.repeats, length, n_envs, steps = 4, 1, 5, 1, 8
+        schedule = [2, 1, 1, 1, 1]
+    filled = int(np.argmax(np.cumsum(schedule) >= args.pairs)) + 1  # iterations
+    args.pairs = int(np.sum(schedule[:filled]))
+    load_before = os.getloadavg()[0]
     rng = np.random.default_rng(0)
-    with tempfile.TemporaryDirectory() as scratch:
-        directory = pathlib.Path(scratch)
+    pool = rng.integers(0, 256, (2048, 84, 84), dtype=np.uint8)
+    agent, learn_seconds = make_agent(config, n_envs, steps)
+    trainer = make_reward_trainer()
+
+    with tempfile.TemporaryDirectory(dir=args.work_dir) as work:
+        work_dir = pathlib.Path(work)
+        log_dir = work_dir / "run"
         dataset = PreferenceDataset()
-        push(dataset, rng, args.held, args.length)
-        store = frame_store.Appender.create(directory / "preferences.000000")
-        assert dataset.append_to(store) is not None
-        store.commit()
-        appends = []
-        for _ in range(args.repeats):
-            push(dataset, rng, args.new, args.length)
-            before = directory_bytes(store.path)
+        for done in range(0, args.pairs, 50):  # the stacks are 4x the store
+            n = min(50, args.pairs - done)
+            dataset.push(*make_pairs(rng, n, length, pool))
+        store = frame_store.Appender.create(
+            run_checkpoint.root(log_dir) / f"preferences.{filled:06d}"
+        )
+        first = checkpoint(log_dir, filled, dataset, store, agent, trainer)
+        store_mib = sum(dataset.nbytes.values()) / MIB
+        rows = []
+        for i in range(args.repeats):
+            new = schedule[filled + i]
+            dataset.push(*make_pairs(rng, new, length, pool))
+            times = checkpoint(log_dir, filled + i + 1, dataset, store, agent, trainer)
+            times.update(
+                iteration=filled + i + 1,
+                held=len(dataset) - new,
+                new=new,
+                whole=rewrite_whole(dataset, work_dir),
+            )
+            rows.append(times)
+        manifest = store.manifest
+        assert manifest is not None
+        _, reopen = timed(
+            lambda: PreferenceDataset.open_committed(store.path, manifest, "bench")
+        )
+        total_mib = sum(e["bytes"] for e in manifest["arrays"].values()) / MIB
 
-            def append() -> None:
-                assert dataset.append_to(store) is not None
-                store.commit()
+    def cells(times: Dict[str, Any]) -> str:
+        return (
+            f"| {times['iteration']} | {times['held']} | {times['new']} | "
+            f"{times['append']:.3f} | {times['whole']:.3f} | {times['agent']:.3f} | "
+            f"{times['environments']:.3f} | {times['state']:.3f} | "
+            f"{times['total']:.3f} |\n"
+        )
 
-            appends.append((timed(append), directory_bytes(store.path) - before))
-        append_s = statistics.median(s for s, _ in appends)
-        append_mib = statistics.median(b for _, b in appends) / MIB
-        held = len(dataset)
-        store_mib = directory_bytes(store.path) / MIB
-        whole_s = timed(lambda: dataset.save(directory / "whole"))
-        agent_s, agent_bytes = agent_save(directory)
-        state_s, state_bytes = trainer_state_save(directory)
-    checkpoint_s = append_s + agent_s + state_s
+    last = rows[-1]
+    environments = last["environments_bytes"]
+    environments = (
+        f"{environments / MIB:.1f} MiB"
+        if isinstance(environments, int)
+        else environments.replace("|", "\\|")
+    )
+    median = {
+        key: statistics.median(r[key] for r in rows)
+        for key in ("append", "whole", "agent", "environments", "state", "total")
+    }
     text = (
         "# What one preference checkpoint costs at `atari_pong`'s sizes\n\n"
-        f"A grown store of {held} pairs of {args.length}-step fragments of 84x84x4 "
-        f"frame stacks ({store_mib:.0f} MiB) takes {args.new} more pairs (median "
-        f"of {args.repeats} appends); the same store written whole, as before the "
-        "store grew in place, once. The agent is SB3's PPO with `CnnPolicy` for "
-        "Pong; the reward trainer's state is `CnnRewardNet` with AdamW's moments. "
-        "Writes are fsync-ed.\n\n"
-        "| part | seconds | MiB written |\n|---|---|---|\n"
-        f"| store: append {args.new} pairs | {append_s:.3f} | {append_mib:.1f} |\n"
-        f"| store: written whole ({held} pairs) | {whole_s:.3f} | {store_mib:.0f} |\n"
-        f"| agent (`agent.zip`) | {agent_s:.3f} | {agent_bytes / MIB:.1f} |\n"
-        f"| reward trainer (`state.pt`) | {state_s:.3f} | "
-        f"{state_bytes / MIB:.1f} |\n"
-        f"| checkpoint (append, agent, trainer) | {checkpoint_s:.3f} | "
-        f"{append_mib + (agent_bytes + state_bytes) / MIB:.1f} |\n\n"
-        f"The append took {append_s / whole_s:.3f} of writing the store whole. An "
-        "`atari_pong` iteration (100,000 agent steps and the reward net's "
-        "training) was not run here.\n"
+        f"A store of {args.pairs} pairs ({store_mib:.0f} MiB; the first {filled} "
+        f"iterations of `atari_pong`'s schedule), {length}-step fragments of 84x84x4 "
+        f"uint8 frame stacks; then {args.repeats} checkpoints, each after the next "
+        "iteration's pairs. Seconds, each part timed inside a real "
+        "`run_checkpoint.write` (fsync included):\n\n"
+        "| iteration | pairs held | new pairs | preferences appended | store "
+        "rewritten whole (format 1) | agent.zip | environments.pkl | state.pt | "
+        "whole checkpoint (appending) |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
+        + "".join(cells(r) for r in rows)
+        + f"| median | | | {median['append']:.3f} | {median['whole']:.3f} | "
+        f"{median['agent']:.3f} | {median['environments']:.3f} | "
+        f"{median['state']:.3f} | {median['total']:.3f} |\n\n"
+        f"- The store's first append (all {args.pairs} pairs, as when a store "
+        f"begins): {first['append']:.3f} s.\n"
+        f"- Resuming reads the store once, `open_committed` hashing every "
+        f"committed byte ({total_mib:.0f} MiB, page cache warm): {reopen:.3f} s.\n"
+        f"- agent.zip {last['agent_bytes'] / MIB:.1f} MiB; state.pt "
+        f"{last['state_bytes'] / MIB:.1f} MiB; environments.pkl: "
+        f"{environments}.\n"
+        f"- The PPO update that built the agent ({steps} steps, "
+        f"{n_envs} environments, CPU) took {learn_seconds:.1f} s; an `atari_pong` "
+        "iteration trains the agent for 100,000 steps and the reward net for "
+        "3 epochs over every pair held (not timed here).\n"
+        f"- Load average (1 min) when it began and ended: {load_before:.2f}, "
+        f"{os.getloadavg()[0]:.2f}.\n"
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "bench_checkpoint_cost.md"

@@ -166,7 +166,7 @@ def _committed_results_untouched():
 def test_every_script_is_tested_and_uses_docs_results():
     tested = {
         "atari_reward_memory.py",
-        "bench_checkpoint_cost.py",  # tests/test_frame_store_experiment.py
+        "bench_checkpoint_cost.py",
         "bench_discriminator.py",
         "bench_distributed.py",
         "bench_forward_size.py",
@@ -379,6 +379,19 @@ def test_bench_discriminator(tmp_path):
     assert [m for m, _ in differences] == ["1", "3", "5"]
     assert all(float(d) < 1e-5 for _, d in differences), differences
     assert_made_by(text, "bench_discriminator.py")
+
+
+def test_bench_checkpoint_cost(tmp_path):
+    run_script("bench_checkpoint_cost.py", tmp_path, "--quick")
+    text = read(tmp_path / "bench_checkpoint_cost.md")
+    header = ["iteration", "pairs held", "new pairs", "preferences appended"]
+    rows = table(text, header, 2)
+    assert rows[-1][0] == "median"
+    for row in rows[:-1]:
+        assert number(row[1]) > 0 and number(row[2]) > 0
+        assert all(number(cell) >= 0 for cell in row[3:])
+    assert "environments.pkl: " in text and "first append" in text
+    assert_made_by(text, "bench_checkpoint_cost.py")
 
 
 def test_bench_memory(tmp_path):

@@ -56,21 +56,3 @@ def test_frame_store_verify_quick(tmp_path):
     assert all(float(row[1].split()[0].rstrip("%")) >= 0 for row in rows[1:3])
     assert_made_by(text, "frame_store_verify.py")
 
-
-def test_bench_checkpoint_cost_quick(tmp_path):
-    run_script("bench_checkpoint_cost.py", tmp_path, "--quick")
-    text = read(tmp_path / "bench_checkpoint_cost.md")
-    (rows,) = tables(text)
-    assert rows[0] == ["part", "seconds", "MiB written"]
-    parts = [row[0] for row in rows[1:]]
-    assert parts == [
-        "store: append 2 pairs",
-        "store: written whole (10 pairs)",
-        "agent (`agent.zip`)",
-        "reward trainer (`state.pt`)",
-        "checkpoint (append, agent, trainer)",
-    ]
-    seconds = {row[0]: float(row[1]) for row in rows[1:]}
-    parts_sum = sum(seconds[p] for p in (parts[0], parts[2], parts[3]))
-    assert abs(seconds[parts[4]] - parts_sum) <= 0.002  # rounded to ms each
-    assert_made_by(text, "bench_checkpoint_cost.py")
