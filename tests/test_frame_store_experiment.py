@@ -55,4 +55,3 @@ def test_frame_store_verify_quick(tmp_path):
     assert rows[-1][0] == "verifying, as a share of the epoch"
     assert all(float(row[1].split()[0].rstrip("%")) >= 0 for row in rows[1:3])
     assert_made_by(text, "frame_store_verify.py")
-
