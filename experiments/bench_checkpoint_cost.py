@@ -54,6 +54,7 @@ import numpy as np
 import torch as th
 
 import _results
+from frame_store_verify import make_pairs
 
 MIB = 2**20
 
@@ -69,32 +70,6 @@ def schedule_of(config: Dict[str, Any]) -> List[int]:
     probs = hyperbolic(np.linspace(0, 1, iterations))
     probs = probs / np.sum(probs)
     return [initial, *util.oric(probs * (total - initial)).tolist()]
-
-
-def make_pairs(rng: np.random.Generator, n_pairs: int, length: int, pool: np.ndarray):
-    """Pairs of ``length``-step fragments of 84x84x4 stacks of frames from ``pool``."""
-    from imitation.data import types
-
-    pairs = []
-    for _ in range(n_pairs):
-        sides = []
-        for _ in range(2):
-            start = int(rng.integers(0, len(pool) - length - 4))
-            frames = pool[start : start + length + 4]
-            # Observation t: frames t..t+3, oldest first, on the last axis.
-            obs = np.stack([frames[t : t + 4] for t in range(length + 1)])
-            obs = np.ascontiguousarray(np.moveaxis(obs, 1, -1))
-            sides.append(
-                types.TrajectoryWithRew(
-                    obs=obs,
-                    acts=rng.integers(0, 6, length),
-                    infos=None,
-                    terminal=False,
-                    rews=np.zeros(length, np.float32),
-                )
-            )
-        pairs.append((sides[0], sides[1]))
-    return pairs, rng.uniform(size=n_pairs).astype(np.float32)
 
 
 def make_agent(config: Dict[str, Any], n_envs: int, steps: int):

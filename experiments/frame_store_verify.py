@@ -22,6 +22,7 @@ import pathlib
 import statistics
 import tempfile
 import time
+from typing import Optional
 
 import numpy as np
 import torch as th
@@ -31,15 +32,27 @@ import _results
 MIB = 2**20
 
 
-def make_pairs(rng: np.random.Generator, n_pairs: int, length: int):
-    """Pairs of ``length``-step fragments of 84x84x4 frame stacks (own arrays)."""
+def make_pairs(
+    rng: np.random.Generator,
+    n_pairs: int,
+    length: int,
+    pool: Optional[np.ndarray] = None,
+):
+    """Pairs of ``length``-step fragments of 84x84x4 frame stacks (own arrays).
+
+    Frames are random, or runs of consecutive frames of ``pool`` (84x84 each).
+    """
     from imitation.data import types
 
     pairs = []
     for _ in range(n_pairs):
         sides = []
         for _ in range(2):
-            frames = rng.integers(0, 256, (length + 4, 84, 84), dtype=np.uint8)
+            if pool is None:
+                frames = rng.integers(0, 256, (length + 4, 84, 84), dtype=np.uint8)
+            else:
+                start = int(rng.integers(0, len(pool) - length - 4))
+                frames = pool[start : start + length + 4]
             # Observation t: frames t..t+3, oldest first, on the last axis.
             obs = np.stack([frames[t : t + 4] for t in range(length + 1)])
             obs = np.ascontiguousarray(np.moveaxis(obs, 1, -1))
