@@ -116,6 +116,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         self.step_policy: Optional[StepPolicy] = None
         """The step policy the last discriminator step ran with."""
         self.memory_profile: Optional[probe.ActivationProfile] = None
+        self._fitted_budget = self.memory_budget
         """The memory probe's profile of the discriminator, with a budget."""
         budget.check_holds_training_state(
             self.memory_budget,
@@ -253,6 +254,11 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             FloatingPointError: if the loss or gradient is not finite; the
                 discriminator is then as before the call.
         """
+        # An assigned budget ("6GiB" included) is parsed here and fitted afresh.
+        memory_budget = budget.parse_budget(self.memory_budget)
+        if memory_budget != self._fitted_budget:
+            self.memory_profile, self.step_policy = None, None
+        self.memory_budget = self._fitted_budget = memory_budget
         accelerated = acceleration_options.maybe_applied(
             self.acceleration, self._reward_net
         )
