@@ -179,6 +179,7 @@ def test_every_script_is_tested_and_uses_docs_results():
         "gpu_check.sh",
         "imitation_tests.py",
         "parity.py",
+        "thread_threshold.py",
         "two_pass_drift.py",  # tests/test_two_pass_drift.py
     }
     assert HELPERS == ["_quiet_logger.py", "_results.py"]
@@ -247,6 +248,22 @@ def test_bench_reward_trainer(tmp_path):
     assert all(number(cell) > 0 for cell in row[2:9]), row
     assert re.match(r"\d+", row[9]) and re.fullmatch(r"\d+(/\d+)*", row[10]), row
     assert_made_by(text, "bench_reward_trainer.py")
+
+
+def test_thread_threshold(tmp_path):
+    run_script("thread_threshold.py", tmp_path, "--quick")
+    text = read(tmp_path / "thread_threshold.md")
+    header = ["net", "transitions per call", "MiB per call"]
+    rows = table(text, header, min_rows=4)
+    assert [row[0] for row in rows] == ["mlp", "mlp", "cnn84", "cnn84"]
+    for row in rows:
+        assert_ratio(row[6], row[4], row[5])  # wall: one thread / all
+        assert_ratio(row[9], row[7], row[8])  # CPU time: one thread / all
+        assert int(row[10]) >= 1
+    per_call = [number(row[2]) for row in rows]
+    assert per_call[0] < per_call[1] and per_call[2] < per_call[3]
+    assert re.search(r"CALL_BYTES_PER_THREAD is [\d.]+ MiB", text)
+    assert_made_by(text, "thread_threshold.py")
 
 
 def test_bench_forward_size(tmp_path):

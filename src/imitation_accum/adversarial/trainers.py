@@ -25,7 +25,7 @@ from imitation_accum.adversarial.arguments import (
 from imitation_accum.engine import acceleration as acceleration_options
 from imitation_accum.engine import staging
 from imitation_accum.engine.accumulator import GradientAccumulator, StepResult
-from imitation_accum.planning import budget, probe
+from imitation_accum.planning import budget, probe, threads
 from imitation_accum.planning.plan import StepPlan, StepPolicy, run_step
 
 _ROW = "row (an expert and a generator transition)"
@@ -116,7 +116,9 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         self.step_policy: Optional[StepPolicy] = None
         """The step policy the last discriminator step ran with."""
         self.memory_profile: Optional[probe.ActivationProfile] = None
-        """The memory probe's profile of the discriminator, with a budget."""
+        """The memory probe's profile of the discriminator (with a budget, or on a
+        CPU for the intra-op threads)."""
+        self._budget_cap: Optional[int] = None
         budget.check_holds_training_state(
             self.memory_budget,
             self._disc_opt,
@@ -133,14 +135,15 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
     def max_grad_norm(self, value: Optional[float]) -> None:
         self.engine.max_grad_norm = check_max_grad_norm(value)
 
-    def _fit_budget(
+    def _profile(
         self,
         task: discriminator_task.DiscriminatorTask,
         expert: Mapping[str, np.ndarray],
         generated: Mapping[str, np.ndarray],
-    ) -> int:
-        # Rows per minibatch that fit memory_budget, by a probe on a few rows.
-        assert self.memory_budget is not None
+    ) -> probe.ActivationProfile:
+        """The memory probe on a few rows (once: cached in ``memory_profile``)."""
+        if self.memory_profile is not None:
+            return self.memory_profile
 
         def call(start: int, stop: int) -> th.Tensor:
             (chunk,) = task.chunks(
@@ -162,17 +165,22 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             input_bytes_per_transition=16 * obs_size,
             checkpointed=False,
         )
+        self.memory_profile = profile
+        return profile
+
+    def _fit_budget(self, profile: probe.ActivationProfile) -> int:
+        """Rows per minibatch that fit ``memory_budget`` (logged)."""
+        assert self.memory_budget is not None
         cap, message = probe.fit_budget(
             self.memory_budget,
             profile,
-            device=task.device,
+            device=self._reward_net.device,
             resident_bytes=budget.resident_training_bytes(self._disc_opt),
             largest_batch=self.demo_batch_size,
             item=1,
             items="rows",
             unit=_ROW,
         )
-        self.memory_profile = profile
         self.logger.log(message)
         return cap
 
@@ -263,14 +271,21 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             # A cap found by the budget's probe or an out-of-memory back-off holds
             # for later steps too.
             cap = None if self.step_policy is None else self.step_policy.chunk_cap
-            if self.memory_budget is not None and self.memory_profile is None:
-                fit = self._fit_budget(task, expert, generated)
-                cap = fit if cap is None else min(cap, fit)
+            if self.memory_budget is not None and self._budget_cap is None:
+                profile = self._profile(task, expert, generated)
+                self._budget_cap = self._fit_budget(profile)
+                cap = self._budget_cap if cap is None else min(cap, self._budget_cap)
+            # On a CPU the calls' threads follow their size, unless the user chose.
+            thread_policy = None
+            if task.device.type == "cpu" and threads.explicit_choice() is None:
+                profile = self._profile(task, expert, generated)
+                thread_policy = threads.ThreadPolicy.of(profile)
             policy = StepPolicy(
                 minibatch_size=self.demo_minibatch_size,
                 chunk_cap=cap,
                 two_pass=False,
                 unit=_ROW,
+                threads=thread_policy,
             )
 
             def step(plan: StepPlan) -> Tuple[StepResult, th.Tensor]:

@@ -29,7 +29,7 @@ from imitation_accum.engine.accumulator import (
     GradientAccumulator,
     StepResult,
 )
-from imitation_accum.planning import budget, probe
+from imitation_accum.planning import budget, probe, threads
 from imitation_accum.planning.plan import StepPlan, StepPolicy, run_step
 from imitation_accum.preference import (
     arguments,
@@ -426,23 +426,29 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
 
     def _step_policy(self, table: pair_table.PreferenceTable) -> StepPolicy:
         """This ``train()``'s step policy, from the attributes and the memory probe."""
-        acceleration_options.check_supported(self.autocast_dtype, self._task.device)
+        device = self._task.device
+        acceleration_options.check_supported(self.autocast_dtype, device)
         forward_size: Optional[int] = None
         cap = None
+        thread_policy = None
         if self.forward_size != "auto":
             forward_size = int(self.forward_size)
-        if self.memory_budget is not None or self.forward_size == "auto":
+        # On a CPU the calls' threads follow their size, unless the user chose them.
+        own_threads = device.type == "cpu" and threads.explicit_choice() is None
+        if self.memory_budget is not None or self.forward_size == "auto" or own_threads:
             profile = self._profile(table)
             if self.forward_size == "auto":
                 forward_size = self._agreed_forward_size(profile.forward_size())
             if self.memory_budget is not None:
                 cap = self._fit_budget(table, profile)
+            thread_policy = threads.ThreadPolicy.of(profile)
         caps = [c for c in (cap, self._backed_off_cap) if c is not None]
         return StepPolicy(
             minibatch_size=self.minibatch_size,
             chunk_cap=min(caps) if caps else None,
             forward_size=forward_size,
             two_pass=self.two_pass,
+            threads=thread_policy,
         )
 
     def _agreed_forward_size(self, size: Optional[int]) -> Optional[int]:
@@ -560,6 +566,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         record("minibatches_per_step", result.n_minibatches)
         record("peak_memory_mib", result.peak_memory_bytes / 2**20)
         record("forward_size", plan.forward_size)
+        record("intra_op_threads", plan.threads or th.get_num_threads())
         record("two_pass", float(result.two_pass))
         record("chunk_transitions", plan.largest_chunk)
         profile = self.memory_profile
