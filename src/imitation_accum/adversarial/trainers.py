@@ -168,6 +168,24 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         self.memory_profile = profile
         return profile
 
+    def _thread_policy(
+        self,
+        task: discriminator_task.DiscriminatorTask,
+        expert: Mapping[str, np.ndarray],
+        generated: Mapping[str, np.ndarray],
+    ) -> Optional[threads.ThreadPolicy]:
+        """On a CPU, the calls' threads by their size, unless the user chose them.
+
+        ``None`` also if the probe runs out of memory: the steps back off on their
+        own, at the caller's threads.
+        """
+        if task.device.type != "cpu" or threads.explicit_choice() is not None:
+            return None
+        try:
+            return threads.ThreadPolicy.of(self._profile(task, expert, generated))
+        except th.OutOfMemoryError:
+            return None
+
     def _fit_budget(self, profile: probe.ActivationProfile) -> int:
         """Rows per minibatch that fit ``memory_budget`` (logged)."""
         assert self.memory_budget is not None
@@ -275,11 +293,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
                 profile = self._profile(task, expert, generated)
                 self._budget_cap = self._fit_budget(profile)
                 cap = self._budget_cap if cap is None else min(cap, self._budget_cap)
-            # On a CPU the calls' threads follow their size, unless the user chose.
-            thread_policy = None
-            if task.device.type == "cpu" and threads.explicit_choice() is None:
-                profile = self._profile(task, expert, generated)
-                thread_policy = threads.ThreadPolicy.of(profile)
+            thread_policy = self._thread_policy(task, expert, generated)
             policy = StepPolicy(
                 minibatch_size=self.demo_minibatch_size,
                 chunk_cap=cap,

@@ -6,6 +6,7 @@ builds the step policy from the trainer's attributes, the batch's pairs are plan
 (:func:`~imitation_accum.preference.pair_task.make_chunks`) and stepped by the engine.
 """
 
+import contextlib
 import copy
 import re
 import time
@@ -430,18 +431,20 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         acceleration_options.check_supported(self.autocast_dtype, device)
         forward_size: Optional[int] = None
         cap = None
-        thread_policy = None
         if self.forward_size != "auto":
             forward_size = int(self.forward_size)
-        # On a CPU the calls' threads follow their size, unless the user chose them.
-        own_threads = device.type == "cpu" and threads.explicit_choice() is None
-        if self.memory_budget is not None or self.forward_size == "auto" or own_threads:
+        if self.memory_budget is not None or self.forward_size == "auto":
             profile = self._profile(table)
             if self.forward_size == "auto":
                 forward_size = self._agreed_forward_size(profile.forward_size())
             if self.memory_budget is not None:
                 cap = self._fit_budget(table, profile)
-            thread_policy = threads.ThreadPolicy.of(profile)
+        # On a CPU the calls' threads follow their size, unless the user chose them.
+        thread_policy = None
+        if device.type == "cpu" and threads.explicit_choice() is None:
+            # A probe out of memory leaves the caller's threads: steps back off.
+            with contextlib.suppress(th.OutOfMemoryError):
+                thread_policy = threads.ThreadPolicy.of(self._profile(table))
         caps = [c for c in (cap, self._backed_off_cap) if c is not None]
         return StepPolicy(
             minibatch_size=self.minibatch_size,
