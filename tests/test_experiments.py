@@ -247,6 +247,20 @@ def test_bench_reward_trainer(tmp_path):
     assert re.fullmatch(r"\d+ / \d+", row[1]), row
     assert all(number(cell) > 0 for cell in row[2:9]), row
     assert re.match(r"\d+", row[9]) and re.fullmatch(r"\d+(/\d+)*", row[10]), row
+    assert re.fullmatch(r"\d+ \(\d+ threads?\)", row[9]), row  # the trainer's
+    assert re.fullmatch(r"\d+(/\d+)* threads?", row[11]), row  # the floors'
+    assert_made_by(text, "bench_reward_trainer.py")
+
+
+@pytest.mark.expensive
+def test_bench_reward_trainer_busy(tmp_path):
+    run_script("bench_reward_trainer.py", tmp_path, "--busy", "--quick")
+    text = read(tmp_path / "bench_reward_trainer.md")
+    rows = table(text, ["config", "batch / minibatch"], min_rows=2)
+    assert [(row[0], row[12]) for row in rows] == [("mlp", "quiet"), ("mlp", "busy")]
+    for row in rows:
+        assert all(number(cell) > 0 for cell in row[2:9]), row
+    assert rows[1][11] == "1 thread"  # busy floors run one thread
     assert_made_by(text, "bench_reward_trainer.py")
 
 
