@@ -676,7 +676,8 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
         sizes = sorted({str(x["forward_size"]) for x in a})
         two_pass = any(x.get("two_pass") for x in a)
         accum_size = "/".join(sizes) + (" (two-pass)" if two_pass else "")
-        accum_size += f" ({_threads(a)})"
+        if _threads(a):
+            accum_size += f" ({_threads(a)})"
         floor_sizes = "/".join(sorted({str(x["forward_size"]) for x in f + e}))
         loads = [x["load_average"] for x in i + a + f + e]
         first = _median([x["first_train_seconds"] for x in a])
@@ -684,7 +685,7 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
             f"| {config} | {a[0]['batch_size']} / {a[0]['minibatch_size']} "
             f"| {t_i:.4g} | {t_a:.4g} | {t_f:.4g} | {t_e:.4g} "
             f"| {speedup:.2f}x | {to_floor:.2f}x | {to_exact:.2f}x "
-            f"| {accum_size} | {floor_sizes} | {_threads(f + e)} "
+            f"| {accum_size} | {floor_sizes} | {_threads(f + e) or '—'} "
             f"| {mode} "
             f"| {_median(loads):.2f} ({min(loads):.2f}-{max(loads):.2f}) "
             f"| {first:.3g} "
@@ -729,8 +730,10 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
 
 
 def _threads(points) -> str:
-    """The intra-op thread counts the points ran with (``?``: not recorded)."""
-    counts = sorted({str(x.get("threads", "?")) for x in points})
+    """The intra-op thread counts the points ran with ("" if none recorded)."""
+    counts = sorted({str(x["threads"]) for x in points if x.get("threads")})
+    if not counts:  # points of an older run (--resume)
+        return ""
     return "/".join(counts) + (" thread" if counts == ["1"] else " threads")
 
 
