@@ -176,10 +176,13 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
     ) -> Optional[threads.ThreadPolicy]:
         """On a CPU, the calls' threads by their size, unless the user chose them.
 
-        ``None`` also if the probe runs out of memory: the steps back off on their
-        own, at the caller's threads.
+        ``None`` also if the probe runs out of memory (the steps back off on their
+        own, at the caller's threads), and for a compiled forward not otherwise
+        probed (the probe's calls would compile shapes of their own).
         """
         if task.device.type != "cpu" or threads.explicit_choice() is not None:
+            return None
+        if self.memory_profile is None and self.acceleration.compile:
             return None
         try:
             return threads.ThreadPolicy.of(self._profile(task, expert, generated))

@@ -433,6 +433,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         cap = None
         if self.forward_size != "auto":
             forward_size = int(self.forward_size)
+        profile = None
         if self.memory_budget is not None or self.forward_size == "auto":
             profile = self._profile(table)
             if self.forward_size == "auto":
@@ -440,11 +441,16 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             if self.memory_budget is not None:
                 cap = self._fit_budget(table, profile)
         # On a CPU the calls' threads follow their size, unless the user chose them.
+        # A compiled forward is not probed for them alone (the probe's calls would
+        # compile shapes of their own); a probe out of memory leaves the caller's
+        # threads (the steps back off on their own).
         thread_policy = None
         if device.type == "cpu" and threads.explicit_choice() is None:
-            # A probe out of memory leaves the caller's threads: steps back off.
-            with contextlib.suppress(th.OutOfMemoryError):
-                thread_policy = threads.ThreadPolicy.of(self._profile(table))
+            if profile is None and not self.acceleration.compile:
+                with contextlib.suppress(th.OutOfMemoryError):
+                    profile = self._profile(table)
+            if profile is not None:
+                thread_policy = threads.ThreadPolicy.of(profile)
         caps = [c for c in (cap, self._backed_off_cap) if c is not None]
         return StepPolicy(
             minibatch_size=self.minibatch_size,
