@@ -10,8 +10,9 @@ each point's fastest round in seconds per epoch (a shared machine's intermittent
 load only slows a round down) and the default's ratio to the fastest fixed size.
 ``--busy`` measures every
 configuration again with ``bench_reward_trainer.py``'s competing job (a
-matrix-multiply loop on every core) running; the trainer's intra-op threads are
-left at PyTorch's default in both.
+matrix-multiply loop on every core) running; in both the trainer's calls run at
+the intra-op threads of its thread policy (docs/forward_size.md), which follow
+each size's calls.
 
 Usage::
 

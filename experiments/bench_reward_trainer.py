@@ -8,7 +8,8 @@ Four implementations train the same reward net on the same preference data:
   ``forward_size="auto"``, derived from the memory probe);
 - ``floor``: a bare PyTorch loop over pre-stacked tensors (segment sums, BCE,
   accumulate, step), a minibatch's fragments interleaved in its calls, timed at
-  several forward sizes; the fastest is the floor;
+  several forward sizes; the fastest is the floor (quiet: at the faster of one
+  intra-op thread and PyTorch's count in a one-epoch trial; busy: one thread);
 - ``exact-floor``: the same loop with this package's mirrored calls (each side
   of the pairs end to end, call ``k`` of one side then of the other), which the
   exact zeros under AdamW need (docs/exactness.md).
@@ -52,6 +53,7 @@ writes ``bench_reward_trainer_memory.md``.
 
 import argparse
 import contextlib
+import copy
 import functools
 import json
 import os
@@ -206,11 +208,19 @@ def worker(
         extra["first_train_seconds"] = first
         extra["forward_size"] = trainer.last_plan.forward_size
         extra["two_pass"] = trainer.last_plan.two_pass
+        # The trainer's thread policy (planning.threads), or the process's count.
+        extra["threads"] = trainer.last_plan.threads or th.get_num_threads()
     elif impl in FLOORS:
         best = None
         loop_class = FLOORS[impl]
         sizes = floor_forward_sizes(kind, minibatch_size * 2 * length, impl)
+        if threads is None:  # quiet: the faster thread count of a one-epoch trial
+            count = floor_threads(
+                loop_class, net, dataset, batch_size, minibatch_size, sizes[0]
+            )
+            th.set_num_threads(count)
         loop_class(net, dataset, batch_size, minibatch_size, sizes[0]).epochs(1)
+        extra["threads"] = th.get_num_threads()
         for fs in sizes:  # warmed up once; then each size's epochs timed
             loop = loop_class(net, dataset, batch_size, minibatch_size, fs)
             start = time.perf_counter()
@@ -234,6 +244,25 @@ def worker(
         "training_memory_mib": (peak - baseline) / 2**20,
         **extra,
     }
+
+
+def floor_threads(loop_class, net, dataset, batch_size, minibatch_size, size) -> int:
+    """The faster intra-op thread count of a bare loop's epoch: one or PyTorch's.
+
+    One epoch at each count (one thread first) decides; the parameters it
+    updated are put back.
+    """
+    counts = sorted({1, th.get_num_threads()})
+    start = copy.deepcopy(net.state_dict())
+    seconds = {}
+    for count in counts:
+        th.set_num_threads(count)
+        loop = loop_class(net, dataset, batch_size, minibatch_size, size)
+        begin = time.perf_counter()
+        loop.epochs(1)
+        seconds[count] = time.perf_counter() - begin
+    net.load_state_dict(start)
+    return min(counts, key=lambda count: seconds[count])
 
 
 def accum_trainer(net, batch_size, minibatch_size, **options):
@@ -623,6 +652,7 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
         "accum / exact floor",
         "accum forward_size",
         "floor forward_size",
+        "floor intra-op threads",
         "machine",
         "load average (1 min)",
         "first train() s",
@@ -646,6 +676,8 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
         sizes = sorted({str(x["forward_size"]) for x in a})
         two_pass = any(x.get("two_pass") for x in a)
         accum_size = "/".join(sizes) + (" (two-pass)" if two_pass else "")
+        if _threads(a):
+            accum_size += f" ({_threads(a)})"
         floor_sizes = "/".join(sorted({str(x["forward_size"]) for x in f + e}))
         loads = [x["load_average"] for x in i + a + f + e]
         first = _median([x["first_train_seconds"] for x in a])
@@ -653,7 +685,7 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
             f"| {config} | {a[0]['batch_size']} / {a[0]['minibatch_size']} "
             f"| {t_i:.4g} | {t_a:.4g} | {t_f:.4g} | {t_e:.4g} "
             f"| {speedup:.2f}x | {to_floor:.2f}x | {to_exact:.2f}x "
-            f"| {accum_size} | {floor_sizes} "
+            f"| {accum_size} | {floor_sizes} | {_threads(f + e) or '—'} "
             f"| {mode} "
             f"| {_median(loads):.2f} ({min(loads):.2f}-{max(loads):.2f}) "
             f"| {first:.3g} "
@@ -685,13 +717,24 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
         "calls (each side of the pairs end to end, call k of one side then of "
         "the other), which exact zeros under AdamW need (docs/exactness.md). "
         "In busy rows both floors run one intra-op thread (with torch's "
-        "two, a busy floor point ran for minutes). "
+        "two, a busy floor point ran for minutes); in quiet rows the faster of "
+        "one thread and torch's count in a one-epoch trial. accum forward_size "
+        "names the intra-op threads of the trainer's calls (its thread policy, "
+        "docs/forward_size.md). "
         "Both floors run with the glibc malloc settings of the trainer's "
         "reuse_host_memory (MALLOC_MMAP_THRESHOLD_=32 MiB, "
         "MALLOC_TRIM_THRESHOLD_=2 GiB); imitation runs with glibc's defaults, "
         f"as its users do; commit {_results_commit()}.",
     ]
     write(out_dir / "bench_reward_trainer.md", lines)
+
+
+def _threads(points) -> str:
+    """The intra-op thread counts the points ran with ("" if none recorded)."""
+    counts = sorted({str(x["threads"]) for x in points if x.get("threads")})
+    if not counts:  # points of an older run (--resume)
+        return ""
+    return "/".join(counts) + (" thread" if counts == ["1"] else " threads")
 
 
 def _results_commit() -> str:

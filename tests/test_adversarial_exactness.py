@@ -467,7 +467,11 @@ def test_constructor_and_config_hook_give_the_same_message(algo, kwargs, venv, p
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_any_minibatch_size_is_accepted_and_the_alias_agrees(algo, venv, ppo):
+def test_any_minibatch_size_is_accepted_and_the_alias_agrees(
+    algo, venv, ppo, monkeypatch
+):
+    # The threads chosen: no probe for them, whose forwards would be recorded.
+    monkeypatch.setenv("OMP_NUM_THREADS", str(th.get_num_threads()))
     ours_cls, imitation_cls = ALGOS[algo]
     net = make_net(algo, venv)
     with pytest.raises(ValueError, match="multiple"):  # imitation's own check

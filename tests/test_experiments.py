@@ -179,6 +179,7 @@ def test_every_script_is_tested_and_uses_docs_results():
         "gpu_check.sh",
         "imitation_tests.py",
         "parity.py",
+        "thread_threshold.py",
         "two_pass_drift.py",  # tests/test_two_pass_drift.py
     }
     assert HELPERS == ["_quiet_logger.py", "_results.py"]
@@ -246,7 +247,37 @@ def test_bench_reward_trainer(tmp_path):
     assert re.fullmatch(r"\d+ / \d+", row[1]), row
     assert all(number(cell) > 0 for cell in row[2:9]), row
     assert re.match(r"\d+", row[9]) and re.fullmatch(r"\d+(/\d+)*", row[10]), row
+    assert re.fullmatch(r"\d+ \(\d+ threads?\)", row[9]), row  # the trainer's
+    assert re.fullmatch(r"\d+(/\d+)* threads?", row[11]), row  # the floors'
     assert_made_by(text, "bench_reward_trainer.py")
+
+
+@pytest.mark.expensive
+def test_bench_reward_trainer_busy(tmp_path):
+    run_script("bench_reward_trainer.py", tmp_path, "--busy", "--quick")
+    text = read(tmp_path / "bench_reward_trainer.md")
+    rows = table(text, ["config", "batch / minibatch"], min_rows=2)
+    assert [(row[0], row[12]) for row in rows] == [("mlp", "quiet"), ("mlp", "busy")]
+    for row in rows:
+        assert all(number(cell) > 0 for cell in row[2:9]), row
+    assert rows[1][11] == "1 thread"  # busy floors run one thread
+    assert_made_by(text, "bench_reward_trainer.py")
+
+
+def test_thread_threshold(tmp_path):
+    run_script("thread_threshold.py", tmp_path, "--quick")
+    text = read(tmp_path / "thread_threshold.md")
+    header = ["net", "transitions per call", "MiB per call"]
+    rows = table(text, header, min_rows=4)
+    assert [row[0] for row in rows] == ["mlp", "mlp", "cnn84", "cnn84"]
+    for row in rows:
+        assert_ratio(row[6], row[4], row[5])  # wall: one thread / all
+        assert_ratio(row[9], row[7], row[8])  # CPU time: one thread / all
+        assert int(row[10]) >= 1
+    per_call = [number(row[2]) for row in rows]
+    assert per_call[0] < per_call[1] and per_call[2] < per_call[3]
+    assert re.search(r"CALL_BYTES_PER_THREAD is [\d.]+ MiB", text)
+    assert_made_by(text, "thread_threshold.py")
 
 
 def test_bench_forward_size(tmp_path):

@@ -91,16 +91,22 @@ def test_an_assigned_budget_takes_effect_at_the_next_step(
     ours = setup.make_trainer(
         ALGOS["GAIL"][0], net, venv=venv, gen_algo=ppo, demo_batch_size=BATCH
     )
+
+    def chunk_rows():
+        plan = plan_step(np.ones(BATCH, dtype=np.int64), ours.step_policy)
+        return [s.stop - s.start for s in plan.item_chunks]
+
+    budget_of_rows(3)
     ours.memory_budget = "6GiB"
     run_steps(reference, samples[:1])
     run_steps(ours, samples[:1])
     assert ours.memory_budget == 6 * 2**30
+    assert chunk_rows() == [3, 3, 3, 1]
     budget_of_rows(4)
     ours.memory_budget = "auto"  # a new budget is fitted afresh
     run_steps(reference, samples[1:])
     run_steps(ours, samples[1:])
-    rows = plan_step(np.ones(BATCH, dtype=np.int64), ours.step_policy).item_chunks
-    assert [s.stop - s.start for s in rows] == [4, 4, 2]
+    assert chunk_rows() == [4, 4, 2]
     assert setup.update_error(net, ours._reward_net, reference._reward_net) < TOL
 
 

@@ -25,7 +25,7 @@ from imitation_accum.adversarial.arguments import (
 from imitation_accum.engine import acceleration as acceleration_options
 from imitation_accum.engine import staging
 from imitation_accum.engine.accumulator import GradientAccumulator, StepResult
-from imitation_accum.planning import budget, probe
+from imitation_accum.planning import budget, probe, threads
 from imitation_accum.planning.plan import StepPlan, StepPolicy, run_step
 
 _ROW = "row (an expert and a generator transition)"
@@ -116,8 +116,10 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         self.step_policy: Optional[StepPolicy] = None
         """The step policy the last discriminator step ran with."""
         self.memory_profile: Optional[probe.ActivationProfile] = None
+        """The memory probe's profile of the discriminator (with a budget, or on a
+        CPU for the intra-op threads)."""
+        self._budget_cap: Optional[int] = None
         self._fitted_budget = self.memory_budget
-        """The memory probe's profile of the discriminator, with a budget."""
         budget.check_holds_training_state(
             self.memory_budget,
             self._disc_opt,
@@ -134,14 +136,15 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
     def max_grad_norm(self, value: Optional[float]) -> None:
         self.engine.max_grad_norm = check_max_grad_norm(value)
 
-    def _fit_budget(
+    def _profile(
         self,
         task: discriminator_task.DiscriminatorTask,
         expert: Mapping[str, np.ndarray],
         generated: Mapping[str, np.ndarray],
-    ) -> int:
-        # Rows per minibatch that fit memory_budget, by a probe on a few rows.
-        assert self.memory_budget is not None
+    ) -> probe.ActivationProfile:
+        """The memory probe on a few rows (once: cached in ``memory_profile``)."""
+        if self.memory_profile is not None:
+            return self.memory_profile
 
         def call(start: int, stop: int) -> th.Tensor:
             (chunk,) = task.chunks(
@@ -163,17 +166,43 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             input_bytes_per_transition=16 * obs_size,
             checkpointed=False,
         )
+        self.memory_profile = profile
+        return profile
+
+    def _thread_policy(
+        self,
+        task: discriminator_task.DiscriminatorTask,
+        expert: Mapping[str, np.ndarray],
+        generated: Mapping[str, np.ndarray],
+    ) -> Optional[threads.ThreadPolicy]:
+        """On a CPU, the calls' threads by their size, unless the user chose them.
+
+        ``None`` also if the probe runs out of memory (the steps back off on their
+        own, at the caller's threads), and for a compiled forward not otherwise
+        probed (the probe's calls would compile shapes of their own).
+        """
+        if task.device.type != "cpu" or threads.explicit_choice() is not None:
+            return None
+        if self.memory_profile is None and self.acceleration.compile:
+            return None
+        try:
+            return threads.ThreadPolicy.of(self._profile(task, expert, generated))
+        except th.OutOfMemoryError:
+            return None
+
+    def _fit_budget(self, profile: probe.ActivationProfile) -> int:
+        """Rows per minibatch that fit ``memory_budget`` (logged)."""
+        assert self.memory_budget is not None
         cap, message = probe.fit_budget(
             self.memory_budget,
             profile,
-            device=task.device,
+            device=self._reward_net.device,
             resident_bytes=budget.resident_training_bytes(self._disc_opt),
             largest_batch=self.demo_batch_size,
             item=1,
             items="rows",
             unit=_ROW,
         )
-        self.memory_profile = profile
         self.logger.log(message)
         return cap
 
@@ -257,7 +286,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         # An assigned budget ("6GiB" included) is parsed here and fitted afresh.
         memory_budget = budget.parse_budget(self.memory_budget)
         if memory_budget != self._fitted_budget:
-            self.memory_profile, self.step_policy = None, None
+            self._budget_cap, self.step_policy = None, None
         self.memory_budget = self._fitted_budget = memory_budget
         accelerated = acceleration_options.maybe_applied(
             self.acceleration, self._reward_net
@@ -269,14 +298,17 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             # A cap found by the budget's probe or an out-of-memory back-off holds
             # for later steps too.
             cap = None if self.step_policy is None else self.step_policy.chunk_cap
-            if self.memory_budget is not None and self.memory_profile is None:
-                fit = self._fit_budget(task, expert, generated)
-                cap = fit if cap is None else min(cap, fit)
+            if self.memory_budget is not None and self._budget_cap is None:
+                profile = self._profile(task, expert, generated)
+                self._budget_cap = self._fit_budget(profile)
+                cap = self._budget_cap if cap is None else min(cap, self._budget_cap)
+            thread_policy = self._thread_policy(task, expert, generated)
             policy = StepPolicy(
                 minibatch_size=self.demo_minibatch_size,
                 chunk_cap=cap,
                 two_pass=False,
                 unit=_ROW,
+                threads=thread_policy,
             )
 
             def step(plan: StepPlan) -> Tuple[StepResult, th.Tensor]:

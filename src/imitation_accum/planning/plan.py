@@ -3,6 +3,8 @@
 Items may have *sides* (a fragment pair has two), each laid end to end on its own;
 calls go to the sides in turn with like shapes, so that a direction whose exact
 gradient is zero (a constant reward shift) gets contributions that cancel bit for bit.
+A plan also names the intra-op threads its calls run with on a CPU
+(:mod:`~imitation_accum.planning.threads`), which :func:`run_step` sets for the step.
 """
 
 import dataclasses
@@ -10,6 +12,8 @@ from typing import Callable, List, Optional, Tuple, TypeVar
 
 import numpy as np
 import torch as th
+
+from imitation_accum.planning import threads as intra_op
 
 ResultT = TypeVar("ResultT")
 
@@ -82,6 +86,10 @@ class StepPlan:
     """Reward-net calls the step makes (this process's)."""
     reason: str
     """Why this mode (for the log)."""
+    largest_call: int = 0
+    """Transitions of the step's largest reward-net call."""
+    threads: Optional[int] = None
+    """Intra-op threads of the step's calls; ``None``: the caller's."""
 
     @classmethod
     def one_pass(
@@ -90,10 +98,12 @@ class StepPlan:
         """A plan in ``chunks`` of whole items of ``lengths`` transitions (per side)."""
         sides = _as_sides(lengths)
         sizes = tuple(int(sides[s].sum()) for s in chunks)
-        calls = sum(
-            n_calls(int(n), forward_size) for s in chunks for n in sides[s].sum(0)
+        side_sums = [int(n) for s in chunks for n in sides[s].sum(0)]
+        calls = sum(n_calls(n, forward_size) for n in side_sums)
+        largest = min(forward_size, max(side_sums, default=0))
+        return cls(
+            False, forward_size, tuple(chunks), (), sizes, calls, reason, largest
         )
-        return cls(False, forward_size, tuple(chunks), (), sizes, calls, reason)
 
     @classmethod
     def two_passes(
@@ -111,7 +121,8 @@ class StepPlan:
             if k < len(ranges)
         )
         sizes = tuple(stop - start for _, start, stop in chunks)
-        return cls(True, forward_size, (), chunks, sizes, len(chunks), reason)
+        largest = max(sizes, default=0)
+        return cls(True, forward_size, (), chunks, sizes, len(chunks), reason, largest)
 
     @property
     def largest_chunk(self) -> int:
@@ -133,6 +144,16 @@ class StepPolicy:
     """``None``: two passes only when one item exceeds ``chunk_cap``."""
     unit: str = "transition"
     """What an item's length and the cap count (for messages)."""
+    threads: Optional[intra_op.ThreadPolicy] = None
+    """Intra-op threads of the calls, by their size; ``None``: the caller's."""
+
+    def planned(self, plan: StepPlan) -> StepPlan:
+        """``plan`` with the intra-op threads of its largest call."""
+        if self.threads is None:
+            return plan
+        return dataclasses.replace(
+            plan, threads=self.threads.threads(plan.largest_call)
+        )
 
     def call_size(self, limit: int) -> int:
         """Transitions per call for calls over at most ``limit`` transitions."""
@@ -185,11 +206,13 @@ def plan_step(item_transitions: np.ndarray, policy: StepPolicy) -> StepPlan:
                 "the budget"
             )
         reason = "one item exceeds the memory cap"
-        return StepPlan.two_passes(sides, policy.call_size(cap), reason)
+        return policy.planned(StepPlan.two_passes(sides, policy.call_size(cap), reason))
     chunks, size = _item_chunks(sides.sum(1), policy)
     if policy.two_pass:
-        return StepPlan.two_passes(sides, size, "two_pass=True")
-    return StepPlan.one_pass(sides, chunks, size, "chunks of whole items")
+        return policy.planned(StepPlan.two_passes(sides, size, "two_pass=True"))
+    return policy.planned(
+        StepPlan.one_pass(sides, chunks, size, "chunks of whole items")
+    )
 
 
 def plan_evaluation(item_transitions: np.ndarray, policy: StepPolicy) -> StepPlan:
@@ -201,7 +224,7 @@ def plan_evaluation(item_transitions: np.ndarray, policy: StepPolicy) -> StepPla
     if not len(sides):
         return StepPlan.one_pass(sides, [], 1, "no items")
     chunks, size = _item_chunks(sides.sum(1), policy)
-    return StepPlan.one_pass(sides, chunks, size, "evaluation")
+    return policy.planned(StepPlan.one_pass(sides, chunks, size, "evaluation"))
 
 
 def run_step(
@@ -215,7 +238,8 @@ def run_step(
 ) -> Tuple[StepPolicy, StepPlan, ResultT]:
     """Plans and runs a step; after out-of-memory, halves the chunk and redoes it.
 
-    ``step`` must leave no trace when it raises (the engine rolls back).
+    ``step`` must leave no trace when it raises (the engine rolls back). It runs
+    with the plan's intra-op threads, and the caller's come back afterwards.
 
     ``step(plan)`` builds the chunks and runs them; ``log`` reports a back-off;
     ``device``'s cached memory is released before a retry.
@@ -230,7 +254,8 @@ def run_step(
     while True:
         plan = plan_of(item_transitions, policy)
         try:
-            return policy, plan, step(plan)
+            with intra_op.intra_op(plan.threads):
+                return policy, plan, step(plan)
         except th.OutOfMemoryError as error:
             policy = policy.backed_off(plan, error)
         # Outside the handler: the error's frames (and tensors) are gone.

@@ -6,6 +6,7 @@ builds the step policy from the trainer's attributes, the batch's pairs are plan
 (:func:`~imitation_accum.preference.pair_task.make_chunks`) and stepped by the engine.
 """
 
+import contextlib
 import copy
 import re
 import time
@@ -29,7 +30,7 @@ from imitation_accum.engine.accumulator import (
     GradientAccumulator,
     StepResult,
 )
-from imitation_accum.planning import budget, probe
+from imitation_accum.planning import budget, probe, threads
 from imitation_accum.planning.plan import StepPlan, StepPolicy, run_step
 from imitation_accum.preference import (
     arguments,
@@ -428,23 +429,37 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
 
     def _step_policy(self, table: pair_table.PreferenceTable) -> StepPolicy:
         """This ``train()``'s step policy, from the attributes and the memory probe."""
-        acceleration_options.check_supported(self.autocast_dtype, self._task.device)
+        device = self._task.device
+        acceleration_options.check_supported(self.autocast_dtype, device)
         forward_size: Optional[int] = None
         cap = None
         if self.forward_size != "auto":
             forward_size = int(self.forward_size)
+        profile = None
         if self.memory_budget is not None or self.forward_size == "auto":
             profile = self._profile(table)
             if self.forward_size == "auto":
                 forward_size = self._agreed_forward_size(profile.forward_size())
             if self.memory_budget is not None:
                 cap = self._fit_budget(table, profile)
+        # On a CPU the calls' threads follow their size, unless the user chose them.
+        # A compiled forward is not probed for them alone (the probe's calls would
+        # compile shapes of their own); a probe out of memory leaves the caller's
+        # threads (the steps back off on their own).
+        thread_policy = None
+        if device.type == "cpu" and threads.explicit_choice() is None:
+            if profile is None and not self.acceleration.compile:
+                with contextlib.suppress(th.OutOfMemoryError):
+                    profile = self._profile(table)
+            if profile is not None:
+                thread_policy = threads.ThreadPolicy.of(profile)
         caps = [c for c in (cap, self._backed_off_cap) if c is not None]
         return StepPolicy(
             minibatch_size=self.minibatch_size,
             chunk_cap=min(caps) if caps else None,
             forward_size=forward_size,
             two_pass=self.two_pass,
+            threads=thread_policy,
         )
 
     def _agreed_forward_size(self, size: Optional[int]) -> Optional[int]:
@@ -562,6 +577,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         record("minibatches_per_step", result.n_minibatches)
         record("peak_memory_mib", result.peak_memory_bytes / 2**20)
         record("forward_size", plan.forward_size)
+        record("intra_op_threads", plan.threads or th.get_num_threads())
         record("two_pass", float(result.two_pass))
         record("chunk_transitions", plan.largest_chunk)
         profile = self.memory_profile
