@@ -44,6 +44,7 @@ from stable_baselines3.common import monitor
 
 from imitation_accum.integrations.patching import patched
 from imitation_accum.io import atomic
+from imitation_accum.scripts import config_checks
 
 
 class PatchedExperiment(sacred.Experiment):
@@ -135,6 +136,7 @@ class PatchedExperiment(sacred.Experiment):
         updates = user_alternatives_win(config_updates or {}, self.alternatives)
         for hook in self.update_hooks:
             updates = hook(updates)
+        config_checks.check_known_keys(self, updates, named_configs)
         with patched(), self._own_keys_quiet(), contextlib.ExitStack() as held:
             self._held = held
             try:

@@ -246,7 +246,23 @@ def _check_config(
     return {}
 
 
-train_reward_model_ex.config_hook(config_checks.check_environment)
+@train_reward_model_ex.config_hook
+def _check_environment(
+    config: Dict[str, Any], command_name: str, logger: Any
+) -> Dict[str, Any]:
+    """Config hook: the environment keys; ``env_make_kwargs`` where ``gym_id`` is set.
+
+    With the default ``gym_id`` a dataset's recorded environment may be used: its
+    ``env_make_kwargs`` are then checked once the dataset names it, before
+    anything is written.
+    """
+    del command_name, logger
+    env = config["environment"]
+    known = env["gym_id"] != _DEFAULT_GYM_ID or config["dataset_path"] is None
+    config_checks.check_environment_section(env, make_kwargs=known)
+    return {}
+
+
 # Before sacred's config: imitation's logging ingredient fails on a string there.
 train_reward_model_ex.update_hooks.append(config_checks.check_logging_updates)
 
@@ -615,6 +631,7 @@ def train_reward_model(
 
         dataset = _load_dataset(dataset_path, trust_pickle)
         gym_id = _environment_id(environment["gym_id"], dataset)
+        config_checks.check_env_make_kwargs(gym_id, environment["env_make_kwargs"])
         env = gym.make(gym_id, **environment["env_make_kwargs"])
         env.close()  # only its spaces are read, as the reward ingredient reads a venv's
         _check_dataset(dataset, env, dataset_path, gym_id)
