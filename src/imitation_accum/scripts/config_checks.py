@@ -215,10 +215,11 @@ def check_run_settings(
 def check_demonstrations(
     config: Dict[str, Any], command_name: str, logger: Any
 ) -> Dict[str, Any]:
-    """Config hook: local demonstrations name a file that exists.
+    """Config hook: demonstrations exist locally, or can be generated.
 
     Raises:
-        ValueError: naming ``demonstrations.source`` or ``demonstrations.path``.
+        ValueError: naming ``demonstrations.source``, ``demonstrations.path`` or
+            ``demonstrations.n_expert_demos``.
     """
     del command_name, logger
     demos = config["demonstrations"]
@@ -226,6 +227,20 @@ def check_demonstrations(
     if demos["source"] not in sources:
         raise ValueError(
             f"demonstrations.source={demos['source']!r} must be one of {sources}"
+        )
+    if demos["source"] == "generated":
+        # imitation's default: rolls out expert.policy_type (by default downloaded
+        # from the HuggingFace hub), n_expert_demos episodes.
+        if demos.get("n_expert_demos") is None:
+            raise ValueError(
+                "demonstrations.source='generated' (imitation's default) needs "
+                "demonstrations.n_expert_demos and an expert (expert.policy_type; "
+                "its default downloads one). Offline, give demonstrations.source="
+                "local demonstrations.path=DIR, saved by python -m "
+                "imitation_accum.integrations.demonstrations (docs/adversarial.md)"
+            )
+        _validation.positive_int(
+            "demonstrations.n_expert_demos", demos["n_expert_demos"]
         )
     if demos["source"] != "local":
         return {}
