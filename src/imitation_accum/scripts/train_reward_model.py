@@ -98,8 +98,8 @@ _REGULARIZER_KEYS = (
 
 
 @train_reward_model_ex.config
-def train_defaults():
-    """Defaults: imitation's reward trainer defaults, a tenth held out."""
+def train_defaults():  # noqa: D103  (a docstring would print in print_config)
+    # Defaults: imitation's reward trainer defaults, a tenth held out.
     dataset_path = None  # a frame store, or a pickle saved by imitation's dataset
     trust_pickle = False  # load a pickle at dataset_path (runs any code it holds)
     held_out_fraction = 0.1  # share of the pairs held out, evaluated every epoch
