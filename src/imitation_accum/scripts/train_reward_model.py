@@ -555,6 +555,7 @@ def _run_directory(
     config = run.config["logging"]
     run_dir = util.parse_path(config["log_dir"])
     with experiment.lock_run_directory(run_dir):
+        train_reward_model_ex.run_directory = run_dir
         if not resumed:
             state = run_dir / "checkpoints" / checkpoint.TRAINING_STATE_NAME
             experiment.refuse_earlier_run(
