@@ -507,3 +507,29 @@ def test_interrupted_line_names_the_intact_checkpoint_and_the_resume_command(
         "Continue with: python -m imitation_accum.scripts.train_preference_comparisons"
         f" with seals_cartpole total_timesteps=2000 'resume_from={run_dir}'"
     )
+
+
+_WORKER_SIGINT = """
+import multiprocessing, signal
+from imitation_accum.scripts import experiment
+
+if __name__ == "__main__":
+    if IGNORE:
+        experiment.workers_ignore_ctrl_c()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with multiprocessing.get_context("forkserver").Pool(1) as pool:
+        print(pool.apply(signal.getsignal, (signal.SIGINT,)) == signal.SIG_IGN)
+"""
+
+
+@pytest.mark.parametrize("ignore", [True, False])
+def test_environment_workers_leave_ctrl_c_to_the_main_process(tmp_path, ignore):
+    # SubprocVecEnv's workers come from the forkserver: with it started by the
+    # command line, a Ctrl-C prints no traceback from each of them.
+    script = tmp_path / "workers.py"
+    script.write_text(_WORKER_SIGINT.replace("IGNORE", str(ignore)))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(ignore)]

@@ -12,6 +12,7 @@ import fcntl
 import functools
 import io
 import logging
+import multiprocessing.forkserver
 import os
 import pathlib
 import re
@@ -290,12 +291,29 @@ def main_console(ex: sacred.Experiment, observe: bool = True) -> None:
     if observe:
         root = pathlib.Path.cwd() / "output" / "sacred" / str(ex.path)
         ex.observers.append(record_observer(ex, root))
+    workers_ignore_ctrl_c()
     try:
         ex.run_commandline()
     except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue
         print(interrupted_line(ex, sys.argv), file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
     exit_if_stopped()
+
+
+def workers_ignore_ctrl_c() -> None:
+    """Starts multiprocessing's forkserver with SIGINT ignored, for its children.
+
+    SB3's ``SubprocVecEnv`` (imitation's ``environment.parallel=True``) starts its
+    environment workers from the forkserver. A Ctrl-C reaches every process of the
+    terminal's group: each worker printed its own ``KeyboardInterrupt`` traceback.
+    Workers forked from this forkserver ignore it; the main process stops, and
+    multiprocessing ends its (daemon) workers at exit.
+    """
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def interrupted_line(ex: sacred.Experiment, argv: Sequence[str]) -> str:
