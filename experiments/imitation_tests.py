@@ -12,9 +12,11 @@ The tests' fixtures load two expert policies from the HuggingFace model hub,
 which this machine cannot reach. This file is also the pytest plugin of both
 runs (``-p imitation_tests``): it answers the hub's loader for those two models
 only, with PPO policies trained here once by imitation's own ``train_rl``
-experiment into ``--cache-dir`` (under a file lock, so concurrent runs train
-once), and every other model still goes to the (offline) hub. pytest's cache,
-where imitation's fixtures keep the experts' rollouts, lives there too.
+experiment into ``--cache-dir`` (under a file lock), and every other model still
+goes to the (offline) hub. pytest's cache, where imitation's fixtures keep the
+experts' rollouts, lives there too. Both experts and the rollouts are made
+before the runs start (:func:`warm_caches`), so neither run fills a cache inside
+a test.
 
 Usage::
 
@@ -133,6 +135,37 @@ def use_local_experts(cache_dir: Path) -> None:
         return hub_loader(repo_id, filename)
 
     huggingface_sb3.load_from_hub = load_from_hub
+
+
+#: imitation's fixture that fills pytest's cache on first use: its folder under
+#: pytest's ``cache_dir`` (``config.cache.makedir("experts")``), the environment
+#: and the number of trajectories (tests/algorithms/conftest.py).
+EXPERT_TRAJECTORIES = (Path("d") / "experts", "seals/CartPole-v0", 60)
+
+
+def warm_caches(imitation: Path, cache_dir: Path) -> None:
+    """Fills the caches both runs share before either starts, with imitation alone.
+
+    Whichever run filled one lazily, inside a test, failed that test, upstream as
+    patched: imitation's ``lazy_generate_expert_trajectories`` returns trajectories
+    without ``infos`` when it generates them (``rollout.rollout`` drops them) and
+    with them when it loads the cache, which ``test_trajectory_dataset_seeding``
+    asserts; and a stand-in trained inside ``test_train_adversarial_sac`` ran
+    ``train_rl`` as a sacred run within the test's, whose shared ``rl`` ingredient
+    then held train_rl's config (PPO, 4,096 steps a round). Both runs now find
+    every cache warm, as on a machine where imitation's tests ran before.
+    """
+    use_local_experts(cache_dir)
+    for repo_id in EXPERTS:
+        expert_path(cache_dir, repo_id)
+    if (imitation / "tests" / "algorithms" / "conftest.py").is_file():
+        import numpy as np
+        from imitation.testing import expert_trajectories
+
+        folder, env_id, count = EXPERT_TRAJECTORIES
+        expert_trajectories.lazy_generate_expert_trajectories(
+            cache_dir / "pytest_cache" / folder, env_id, count, np.random.default_rng(0)
+        )
 
 
 def stand_in_ray() -> None:
@@ -347,6 +380,7 @@ def main() -> None:
     if not modules:
         parser.error(f"--imitation: {args.imitation} holds none of {list(MODULES)}")
     cache_dir = args.cache_dir.resolve()
+    warm_caches(args.imitation.resolve(), cache_dir)
     runs = run_both(
         args.imitation.resolve(), modules, args.quick, cache_dir, args.parallel_envs
     )

@@ -643,9 +643,10 @@ def test_imitation_tests_counts_and_names_regressions(tmp_path):
         (source / "tests" / name).parent.joinpath("__init__.py").write_text("")
         (source / "tests" / name).write_text(text)
     cache = tmp_path / "cache"
-    expert = cache / "HumanCompatibleAI--ppo-seals-CartPole-v0" / "model.zip"
-    expert.parent.mkdir(parents=True)
-    expert.write_text("stand-in")
+    for repo in ("ppo-seals-CartPole-v0", "ppo-Pendulum-v1"):
+        expert = cache / f"HumanCompatibleAI--{repo}" / "model.zip"
+        expert.parent.mkdir(parents=True)
+        expert.write_text("stand-in")
     out = tmp_path / "out"
     args = ("--imitation", str(source), "--cache-dir", str(cache))
     run_script("imitation_tests.py", out, *args)
@@ -658,3 +659,42 @@ def test_imitation_tests_counts_and_names_regressions(tmp_path):
     assert "Tests that pass upstream but not patched: 1" in text
     assert "test_upstream_class`: failed" in text
     assert (cache / "pytest_cache").is_dir()
+
+
+def test_imitation_tests_warms_the_shared_caches_first(tmp_path, monkeypatch):
+    # A run that fills a cache inside a test fails it, upstream as patched
+    # (test_trajectory_dataset_seeding, test_train_adversarial_sac): the
+    # experts and imitation's cached expert rollouts exist before the runs.
+    import gymnasium as gym
+    import seals  # noqa: F401  (registers seals/CartPole-v0)
+    from stable_baselines3 import PPO
+
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    import imitation_tests
+
+    source = tmp_path / "imitation-1.0.1"
+    (source / "tests" / "algorithms").mkdir(parents=True)
+    (source / "tests" / "algorithms" / "conftest.py").write_text("")
+    cache = tmp_path / "cache"
+    trained = []
+
+    def expert_path(cache_dir, repo_id):
+        trained.append(repo_id)
+        path = cache_dir / repo_id.replace("/", "--") / "model.zip"
+        if not path.is_file():  # an untrained policy rolls out all the same
+            path.parent.mkdir(parents=True, exist_ok=True)
+            env_id = "seals/CartPole-v0" if "CartPole" in repo_id else "Pendulum-v1"
+            PPO("MlpPolicy", gym.make(env_id), n_steps=8, seed=0).save(path)
+        return path
+
+    monkeypatch.setattr(imitation_tests, "expert_path", expert_path)
+    folder, env_id, _ = imitation_tests.EXPERT_TRAJECTORIES
+    monkeypatch.setattr(imitation_tests, "EXPERT_TRAJECTORIES", (folder, env_id, 2))
+    import huggingface_sb3
+
+    # warm_caches points the hub's loader at the stand-ins; put it back after.
+    monkeypatch.setattr(huggingface_sb3, "load_from_hub", huggingface_sb3.load_from_hub)
+    imitation_tests.warm_caches(source, cache)
+    assert trained[: len(imitation_tests.EXPERTS)] == list(imitation_tests.EXPERTS)
+    rollouts = cache / "pytest_cache" / "d" / "experts" / "seals-CartPole-v0"
+    assert (rollouts / "rollout").exists()

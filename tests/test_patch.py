@@ -9,10 +9,11 @@ import types
 
 import numpy as np
 import pytest
+import stable_baselines3
 from gymnasium import spaces
 from imitation.algorithms import preference_comparisons as pc
 from imitation.algorithms.adversarial import airl, gail
-from imitation.data import huggingface_utils
+from imitation.data import huggingface_utils, rollout, serialize, wrappers
 from imitation.data.types import TrajectoryWithRew
 from imitation.rewards import reward_nets
 from imitation.scripts.ingredients import reward as reward_ingredient
@@ -20,6 +21,7 @@ from imitation.scripts.train_adversarial import train_adversarial_ex
 from imitation.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex,
 )
+from imitation.util import util
 
 import imitation_accum
 from imitation_accum.adversarial import trainers as adversarial
@@ -196,6 +198,78 @@ def test_imitation_adversarial_experiment_under_patched(tmp_path, monkeypatch):
     with imitation_accum.patched():
         assert run().status == "COMPLETED"
     assert steps and set(steps) == {3}
+
+
+def _sample(trajectories, seed):
+    dataset = pc.TrajectoryDataset(trajectories, rng=np.random.default_rng(seed))
+    return dataset.sample(60)
+
+
+def _assert_same_trajectories(first, second):
+    # imitation's tests/algorithms/test_preference_comparisons.py::_check_trajs_equal
+    assert len(first) == len(second)
+    for one, other in zip(first, second):
+        np.testing.assert_array_equal(one.obs, other.obs)
+        np.testing.assert_array_equal(one.acts, other.acts)
+        np.testing.assert_array_equal(one.rews, other.rews)
+        assert one.infos is not None and other.infos is not None
+        assert list(one.infos) == list(other.infos)
+        assert one.terminal == other.terminal
+
+
+def test_trajectory_dataset_seeding_from_a_warm_cache_as_upstream(tmp_path):
+    # imitation's test_trajectory_dataset_seeding: its fixture loads expert
+    # trajectories that imitation's lazy_generate_expert_trajectories cached.
+    # (Generated on a cold cache they have no infos, upstream as patched: the
+    # imitation_tests experiment warms the cache before its runs.)
+    path = tmp_path / "experts"
+    rng = np.random.default_rng(0)
+    venv = util.make_vec_env(
+        "seals/CartPole-v0",
+        rng=rng,
+        n_envs=1,
+        max_episode_steps=8,
+        post_wrappers=[lambda env, _: wrappers.RolloutInfoWrapper(env)],
+    )
+    try:
+        generated = rollout.rollout(
+            None, venv, rollout.make_sample_until(min_episodes=20), rng=rng
+        )
+    finally:
+        venv.close()
+    assert all(traj.infos is None for traj in generated)
+    serialize.save(path, generated)
+    upstream = serialize.load_with_rewards(path)
+    with imitation_accum.patched():
+        loaded = serialize.load_with_rewards(path)
+        assert isinstance(loaded, demonstrations.TrajectoryDatasetSequence)
+        patched_sample = _sample(loaded, 0)
+        _assert_same_trajectories(patched_sample, _sample(loaded, 0))
+        with pytest.raises(AssertionError):
+            _assert_same_trajectories(patched_sample, _sample(loaded, 42))
+    _assert_same_trajectories(patched_sample, _sample(upstream, 0))
+
+
+@pytest.mark.parametrize("command", ["airl", "gail"])
+def test_imitation_adversarial_experiment_with_sac_under_patched(tmp_path, command):
+    # imitation's test_train_adversarial_sac: an off-policy generator trains
+    # num_envs steps a round, so total_timesteps=10 makes rounds.
+    demos = tmp_path / "demos"
+    demonstrations.make_demonstrations(
+        demos, gym_id="Pendulum-v1", n_episodes=1, max_episode_steps=8
+    )
+    with imitation_accum.patched():
+        run = train_adversarial_ex.run(
+            command,
+            named_configs=["pendulum", *IMITATION_FAST, "rl.sac", "policy.sac"],
+            config_updates={
+                "logging": {"log_root": str(tmp_path), "log_format_strs": []},
+                "demonstrations": {"source": "local", "path": str(demos)},
+            },
+        )
+    assert run.config["rl"]["rl_cls"] is stable_baselines3.SAC
+    assert run.status == "COMPLETED"
+    assert run.result["imit_stats"]["n_traj"] > 0
 
 
 # --- no process-wide side effects --------------------------------------------

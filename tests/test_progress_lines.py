@@ -14,7 +14,7 @@ def test_a_long_phase_prints_one_line(capsys):
     trainer.train(dataset, epoch_multiplier=20)
     lines = [line for line in capsys.readouterr().out.splitlines() if line]
     assert [line.split(":")[0] for line in lines] == [
-        "reward model, 20 epochs of 1 steps"
+        "reward model, 20 epochs of 1 step"
     ]
 
 

@@ -7,6 +7,7 @@ import pathlib
 import re
 import subprocess
 import sys
+from contextlib import nullcontext
 from typing import Any, Callable, Dict, List, Tuple
 
 import gymnasium as gym
@@ -294,35 +295,139 @@ def test_bad_arguments(kwargs: Dict[str, Any], error: type, match: str) -> None:
         rollout_reward.RewardVecEnvWrapper(venv, net.predict_processed, **kwargs)
 
 
-def _agent_trainer(cls: type, rng: np.random.Generator) -> Tuple[Any, Spy]:
+class CallCounter:
+    """Counts a module's forward calls and the transitions they see."""
+
+    def __init__(self, module: th.nn.Module) -> None:
+        self.calls = 0
+        self.transitions = 0
+        module.register_forward_hook(self)
+
+    def __call__(self, module: th.nn.Module, args: Any, output: th.Tensor) -> None:
+        self.calls += 1
+        self.transitions += len(output)
+
+
+def _agent_trainer(
+    cls: type, rng: np.random.Generator, normalized: bool
+) -> Tuple[Any, CallCounter]:
     venv = _cartpole_venv()
-    net = _reward_net(venv, normalized=True)
-    spy = Spy(net.base.predict_processed)
-    net.base.predict_processed = spy  # type: ignore[method-assign]
+    net = _reward_net(venv, normalized=normalized)
+    raw = net.base if isinstance(net, reward_nets.NormalizedRewardNet) else net
+    counter = CallCounter(raw)
     algo = PPO("MlpPolicy", venv, n_steps=N_STEPS, batch_size=16, n_epochs=1, seed=0)
-    return cls(algo, net, venv, rng), spy
+    return cls(algo, net, venv, rng), counter
 
 
-def test_agent_trainer_sample_skips_the_learned_reward(
+def _whole_run(patched: bool) -> Dict[str, Any]:
+    """Runs imitation's AgentTrainer: train(), sample(), train(), from fixed seeds.
+
+    PPO on seals/CartPole-v0 (2 envs, 500-step episodes), a NormalizedRewardNet
+    (RunningNorm) over a BasicRewardNet; each rollout's buffer is captured just
+    before PPO trains on it, the normalization buffers after each call.
+    """
+    th.manual_seed(0)
+    venv = vec_env.DummyVecEnv([lambda: gym.make("seals/CartPole-v0")] * N_ENVS)
+    venv.seed(0)
+    net = reward_nets.NormalizedRewardNet(
+        reward_nets.BasicRewardNet(
+            venv.observation_space, venv.action_space, use_next_state=True
+        ),
+        networks.RunningNorm,
+    )
+    algo = PPO("MlpPolicy", venv, n_steps=64, batch_size=32, n_epochs=1, seed=0)
+    rollouts: List[Dict[str, np.ndarray]] = []
+    ppo_train = algo.train
+
+    def train_capturing() -> None:
+        buf = algo.rollout_buffer
+        rollouts.append({"rewards": buf.rewards.copy(), "returns": buf.returns.copy()})
+        ppo_train()
+
+    algo.train = train_capturing  # type: ignore[method-assign]
+    stats: List[List[np.ndarray]] = []
+    context = imitation_accum.patched() if patched else nullcontext()
+    with context:
+        # imitation's own class, as unmodified imitation code names it.
+        trainer = pc.AgentTrainer(algo, net, venv, np.random.default_rng(0))
+        trainer.train(128)  # one rollout of 64 steps x 2 envs
+        stats.append([b.numpy().copy() for b in net.buffers()])
+        fragments = trainer.sample(100)  # an extra 500-step episode per env
+        stats.append([b.numpy().copy() for b in net.buffers()])
+        trainer.train(256)  # two more rollouts
+        stats.append([b.numpy().copy() for b in net.buffers()])
+    return {
+        "wrapper": type(trainer.reward_venv_wrapper),
+        "rollouts": rollouts,
+        "stats": stats,
+        "fragment_rews": [f.rews for f in fragments],
+        "episode_rewards": list(trainer.reward_venv_wrapper.episode_rewards),
+    }
+
+
+def test_whole_run_with_normalization_equals_imitation() -> None:
+    # Rewards and RunningNorm statistics through train(), sample(), train(): the
+    # patched run against imitation's own classes, up to round-off.
+    upstream = _whole_run(patched=False)
+    ours = _whole_run(patched=True)
+    assert upstream["wrapper"] is reward_wrapper.RewardVecEnvWrapper
+    assert ours["wrapper"] is rollout_reward.RewardVecEnvWrapper
+    assert len(ours["rollouts"]) == len(upstream["rollouts"]) == 3
+    for got, expected in zip(ours["rollouts"], upstream["rollouts"]):
+        for key in ("rewards", "returns"):
+            _assert_close(got[key], expected[key])
+    for got_stats, expected_stats in zip(ours["stats"], upstream["stats"]):
+        for got, expected in zip(got_stats, expected_stats):
+            _assert_close(got, expected)
+    # sample() moved the statistics: its 1,000 extra steps' rewards were seen.
+    counts = [float(s[-1]) for s in upstream["stats"]]
+    assert counts[1] - counts[0] >= 1000
+    assert [float(s[-1]) for s in ours["stats"]] == counts
+    for got, expected in zip(ours["fragment_rews"], upstream["fragment_rews"]):
+        np.testing.assert_array_equal(got, expected)  # the environment's rewards
+    _assert_close(
+        np.array(ours["episode_rewards"]), np.array(upstream["episode_rewards"])
+    )
+    assert len(upstream["episode_rewards"]) >= 2
+
+
+def test_agent_trainer_sample_skips_a_stateless_net(
     rng: np.random.Generator,
 ) -> None:
     with imitation_accum.patched():
-        trainer, spy = _agent_trainer(rollout_reward.AgentTrainer, rng)
+        trainer, counter = _agent_trainer(pc.AgentTrainer, rng, normalized=False)
     assert isinstance(trainer.reward_venv_wrapper, rollout_reward.RewardVecEnvWrapper)
     trainer.train(N_STEPS * N_ENVS)
-    after_train = spy.calls
+    after_train = counter.calls
     assert after_train > 0
     trajectories = trainer.sample(200)  # more than the buffer holds: extra rollouts
     assert sum(len(t) for t in trajectories) >= 200
-    assert spy.calls == after_train
+    assert counter.calls == after_train
     for traj in trajectories:  # the fragments keep the environment's reward
         np.testing.assert_array_equal(traj.rews, np.ones(len(traj)))
 
-    imitations, spy = _agent_trainer(pc.AgentTrainer, rng)
+    imitations, counter = _agent_trainer(pc.AgentTrainer, rng, normalized=False)
     imitations.train(N_STEPS * N_ENVS)
-    after_train = spy.calls
+    after_train = counter.calls
     imitations.sample(200)
-    assert spy.calls > after_train  # imitation computes them for nothing
+    assert counter.calls > after_train  # imitation computes them for nothing
+
+
+def test_agent_trainer_sample_batches_a_normalized_net(
+    rng: np.random.Generator,
+) -> None:
+    # The statistics see sample()'s steps (see the whole-run test), in few calls.
+    seen = {}
+    for name, patched in (("imitation", False), ("patched", True)):
+        context = imitation_accum.patched() if patched else nullcontext()
+        with context:
+            trainer, counter = _agent_trainer(pc.AgentTrainer, rng, normalized=True)
+            trainer.train(N_STEPS * N_ENVS)
+            before = (counter.calls, counter.transitions)
+            trainer.sample(200)
+        seen[name] = (counter.calls - before[0], counter.transitions - before[1])
+    assert seen["patched"][1] == seen["imitation"][1] > 0
+    assert seen["patched"][0] < seen["imitation"][0] / 4
 
 
 def test_patch_installs_and_removes() -> None:

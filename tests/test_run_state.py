@@ -1,6 +1,7 @@
 """Parts of an online run's checkpoint: environments, expert batches, directories."""
 
 import functools
+import pathlib
 import pickle
 
 import gymnasium as gym
@@ -179,3 +180,8 @@ def test_configs_compare_key_by_key():
     shown = r"without a.d, but this run has a.d=\(1, 2\)"
     with pytest.raises(ValueError, match=shown):
         compare(saved, {"a": {"b": 1, "d": {"py/tuple": [1, 2]}}})
+    # A path reads as one, not as jsonpickle's reduction.
+    paths = run_checkpoint.json_config(
+        {"a": {"b": 1}, "logging": {"log_dir": pathlib.Path("/runs/x")}}
+    )
+    assert compare(saved, paths) == [("logging.log_dir", "'x'", "'/runs/x'")]

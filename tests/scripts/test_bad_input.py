@@ -114,6 +114,21 @@ def test_missing_demonstrations_file(tmp_path):
         run_adversarial(demonstrations={"source": "local", "path": missing})
 
 
+@pytest.mark.parametrize("command", ["airl", "gail"])
+def test_generated_demonstrations_need_a_count(tmp_path, command):
+    # imitation's default source, without demonstrations.source=local: refused
+    # before the run directory, not by imitation's ingredient inside the run.
+    with pytest.raises(
+        ValueError, match=r"needs demonstrations\.n_expert_demos.*local"
+    ):
+        run_adversarial(command, ["seals_cartpole"])
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match=r"demonstrations\.n_expert_demos must be"):
+        run_adversarial(
+            command, ["seals_cartpole"], demonstrations={"n_expert_demos": 0}
+        )
+
+
 def test_local_demonstrations_need_a_path():
     with pytest.raises(ValueError, match=r"demonstrations\.path"):
         run_adversarial("airl", ["atari_pong", "fast"])  # source=local, no path

@@ -224,3 +224,17 @@ def test_killed_gail_resumes(config, uninterrupted, tmp_path):
 def test_killed_gail_resumes_20_trials(config, uninterrupted, tmp_path, trial):
     kill_at = int(np.random.default_rng(100 + trial).integers(1, WRITE_OPERATIONS + 1))
     kill_and_resume(config, tmp_path, kill_at, uninterrupted)
+
+
+def test_unsaved_environments_warned_once_a_run(config, tmp_path, monkeypatch):
+    # As for preference comparisons: one warning, not one every round.
+    from imitation_accum.io import run_state
+
+    def unpicklable(venv, shared):
+        raise TypeError("cannot pickle a worker process")
+
+    monkeypatch.setattr(run_state, "save_environments", unpicklable)
+    run(config, tmp_path / "run")
+    log = (tmp_path / "run" / "log" / "log.txt").read_text()
+    assert log.count("The environments cannot be saved") == 1
+    assert log.count("Checkpoint after round") == ROUNDS

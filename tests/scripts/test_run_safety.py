@@ -367,8 +367,11 @@ def test_a_swallowed_sigterm_stops_the_run_before_training(
 _TRAIN = [sys.executable, "-m", "imitation_accum.scripts.train_reward_model", "with"]
 
 
-def _sigterm_when(tmp_path, preferences_path, name: str, ready) -> tuple:
+def _sigterm_when(
+    tmp_path, preferences_path, name: str, ready, signum=signal.SIGTERM, errors=None
+) -> tuple:
     # Starts a run, sends SIGTERM once ``ready(line, log_dir)``; (rc, log_dir).
+    # ``errors``: a list that gets stderr's lines after the signal.
     log_dir = tmp_path / name
     child = subprocess.Popen(
         [
@@ -388,9 +391,11 @@ def _sigterm_when(tmp_path, preferences_path, name: str, ready) -> tuple:
     try:
         for line in child.stderr:
             if ready(line, log_dir):
-                child.send_signal(signal.SIGTERM)
+                child.send_signal(signum)
                 break
-        child.stderr.read()
+        rest = child.stderr.read()
+        if errors is not None:
+            errors.extend(rest.splitlines())
         return child.wait(timeout=300), log_dir
     finally:
         child.kill()
@@ -418,6 +423,28 @@ def test_sigterm_ends_the_script_with_143_and_a_loadable_checkpoint(
     assert rc == 128 + signal.SIGTERM
     assert checkpoint.load_training_state(log_dir / state_path).epoch >= 1
     assert checkpoint.remove_stale_temporaries(log_dir / state_path) == []
+
+
+@pytest.mark.expensive
+def test_ctrl_c_says_which_checkpoint_is_intact_and_how_to_resume(
+    tmp_path, preferences_path
+):
+    state_path = pathlib.Path("checkpoints") / "training_state.pt"
+    errors: list = []
+    rc, log_dir = _sigterm_when(
+        tmp_path,
+        preferences_path,
+        "interrupted",
+        lambda line, log_dir: (log_dir / state_path).exists(),
+        signum=signal.SIGINT,
+        errors=errors,
+    )
+    assert rc == 128 + signal.SIGINT
+    assert errors[-1].startswith(
+        f"Interrupted; checkpoint {log_dir / state_path} is intact. Continue with: "
+        "python -m imitation_accum.scripts.train_reward_model with fast "
+    )
+    assert errors[-1].endswith(f"resume_from={log_dir / state_path}")
 
 
 # --- item: the sacred record starts after the checks; config.json ------------
@@ -448,3 +475,61 @@ def test_refused_data_leaves_no_sacred_record(tmp_path, preferences_path, record
     assert config["dataset_path"] == str(preferences_path)
     assert config["reward_trainer_kwargs"]["batch_size"] == 4
     assert not list(log_dir.glob(".*partial"))
+
+
+def test_interrupted_line_names_the_intact_checkpoint_and_the_resume_command(
+    tmp_path,
+):
+    from imitation_accum.io import run_checkpoint
+
+    argv = [
+        "/x/imitation_accum/scripts/train_preference_comparisons.py",
+        "with",
+        "seals_cartpole",
+        "total_timesteps=2000",
+    ]
+    ex = types.SimpleNamespace(run_directory=None)
+    line = experiment.interrupted_line(ex, argv)
+    assert line.startswith("Interrupted before the run began")
+    run_dir = tmp_path / "run dir"
+    ex.run_directory = run_dir
+    line = experiment.interrupted_line(ex, argv)
+    assert "holds nothing to resume" in line
+    for count in (1, 2):
+        checkpoint = run_checkpoint.root(run_dir) / f"{count:06d}"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / run_checkpoint.MANIFEST).write_text("{}")
+    (run_checkpoint.root(run_dir) / "000003").mkdir()  # partial: no manifest
+    line = experiment.interrupted_line(ex, [*argv, "resume_from=old"])
+    assert "\n" not in line
+    assert f"checkpoint {run_checkpoint.root(run_dir) / '000002'} is intact" in line
+    assert line.endswith(
+        "Continue with: python -m imitation_accum.scripts.train_preference_comparisons"
+        f" with seals_cartpole total_timesteps=2000 'resume_from={run_dir}'"
+    )
+
+
+_WORKER_SIGINT = """
+import multiprocessing, signal
+from imitation_accum.scripts import experiment
+
+if __name__ == "__main__":
+    if IGNORE:
+        experiment.workers_ignore_ctrl_c()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with multiprocessing.get_context("forkserver").Pool(1) as pool:
+        print(pool.apply(signal.getsignal, (signal.SIGINT,)) == signal.SIG_IGN)
+"""
+
+
+@pytest.mark.parametrize("ignore", [True, False])
+def test_environment_workers_leave_ctrl_c_to_the_main_process(tmp_path, ignore):
+    # SubprocVecEnv's workers come from the forkserver: with it started by the
+    # command line, a Ctrl-C prints no traceback from each of them.
+    script = tmp_path / "workers.py"
+    script.write_text(_WORKER_SIGINT.replace("IGNORE", str(ignore)))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(ignore)]

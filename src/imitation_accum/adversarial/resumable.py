@@ -97,6 +97,8 @@ class ResumableRounds:
     checkpointing: run_checkpoint.Checkpointing
     command: str
     _round: int = 0
+    #: Whether the log already says that the environments cannot be saved.
+    _unsaved_environments_warned: bool = False
 
     def set_demonstrations(self, demonstrations: Any) -> None:
         """As imitation's, the expert batches resumable (:class:`ExpertBatches`)."""
@@ -169,10 +171,14 @@ class ResumableRounds:
         try:
             saved = run_state.save_environments(agent.get_env(), self._shared())
         except (TypeError, AttributeError, ValueError, pickle.PicklingError) as error:
-            trainer.logger.warn(
-                f"The environments cannot be saved ({error}): a resumed run restarts "
-                "them from reset with a seed derived from the run's seed and the round"
-            )
+            if not self._unsaved_environments_warned:  # once a run, not every round
+                trainer.logger.warn(
+                    f"The environments cannot be saved ({error}): a resumed run "
+                    "restarts them from reset with a seed derived from the run's seed "
+                    "and the round, and is not bit-identical to an uninterrupted one "
+                    "(environment.parallel=False keeps them in this process)"
+                )
+                self._unsaved_environments_warned = True
             return {"round": self._round, "environments": f"not saved: {error}"}
         (directory / _ENVIRONMENTS).write_bytes(saved)
         return {"round": self._round, "environments": "saved"}

@@ -157,14 +157,37 @@ def make_demonstrations(
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Command line for :func:`make_demonstrations` (``argv``: ``sys.argv[1:]``)."""
-    parser = argparse.ArgumentParser(description=make_demonstrations.__doc__)
-    parser.add_argument("--gym-id", required=True, help="environment.gym_id")
-    parser.add_argument("--out", dest="path", required=True, help="where to save")
-    parser.add_argument("--episodes", dest="n_episodes", type=int, default=10)
-    parser.add_argument("--policy-type", default="random")
-    parser.add_argument("--policy-path", default=None)
-    parser.add_argument("--max-episode-steps", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = argparse.ArgumentParser(
+        prog="python -m imitation_accum.integrations.demonstrations",
+        description="Rolls out a policy and saves its episodes in imitation's "
+        "format, for train_adversarial's demonstrations.source=local "
+        "demonstrations.path=OUT (see docs/adversarial.md).",
+    )
+    parser.add_argument(
+        "--gym-id", required=True, help="the environment (environment.gym_id)"
+    )
+    parser.add_argument(
+        "--out", dest="path", required=True, help="where to save (a folder)"
+    )
+    parser.add_argument(
+        "--episodes", dest="n_episodes", type=int, default=10, help="default: 10"
+    )
+    parser.add_argument(
+        "--policy-type",
+        default="random",
+        help="imitation's policy types: ppo, sac (with --policy-path), random, "
+        "zero (default: random)",
+    )
+    parser.add_argument(
+        "--policy-path", default=None, help="an SB3 model.zip or a folder holding one"
+    )
+    parser.add_argument(
+        "--max-episode-steps",
+        type=int,
+        default=None,
+        help="the horizon (environment.max_episode_steps); default: the id's",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="default: 0")
     parser.add_argument(
         "--no-progress", dest="progress_bar", action="store_false", help="no bar"
     )

@@ -14,8 +14,10 @@ rewards equal the per-step path's up to float round-off. See
 
 Other agents and wrappers that read each step's reward at once (off-policy replay
 buffers, ``VecNormalize(norm_reward=True)``) keep imitation's per-step path; the
-choice is logged once per wrapper. :class:`AgentTrainer` computes no learned reward
-in ``sample()``'s extra rollouts, whose rewards nobody reads.
+choice is logged once per wrapper. In ``sample()``'s extra rollouts, whose rewards
+nobody reads, :class:`AgentTrainer` computes no learned reward for a stateless net;
+a ``NormalizedRewardNet``'s are computed in batches there too, so its statistics
+see every step, as in imitation.
 
 Example:
     >>> venv = RewardVecEnvWrapper(buffering_venv, reward_net.predict_processed)
@@ -152,6 +154,7 @@ class RewardVecEnvWrapper(reward_wrapper.RewardVecEnvWrapper):
         self.call_size = call_size
         self._steps: Optional[List[_Step]] = None  # recording while not None
         self._discarding = False
+        self._sampling = False  # recording outside learn(): flushed as it goes
         self._partial = np.zeros(venv.num_envs, dtype=bool)
         self._attached_to: Optional[Any] = None
         self._logged_choice = False
@@ -246,6 +249,11 @@ class RewardVecEnvWrapper(reward_wrapper.RewardVecEnvWrapper):
                 _Step(cast(np.ndarray, self._old_obs), self._acts, next_obs, dones)
             )
             rews = np.zeros(len(dones), dtype=np.float32)
+            if self._sampling and len(self._steps) * len(dones) >= (
+                self.call_size or CALL_SIZE
+            ):  # nothing reads these rewards: hold one call's worth of frames
+                self._finish_rollout()
+                self._steps = []
         elif self._discarding:  # these episodes' learned returns stay unknown
             self._partial[:] = True
             rews = np.zeros(len(dones), dtype=np.float32)
@@ -264,24 +272,38 @@ class RewardVecEnvWrapper(reward_wrapper.RewardVecEnvWrapper):
         return obs, rews, dones, infos
 
     @contextlib.contextmanager
-    def discarding(self) -> Iterator[None]:
-        """No learned reward in this block (zeros): its steps' rewards are unread.
+    def sampling(self) -> Iterator[None]:
+        """Steps whose learned rewards nobody reads (``AgentTrainer.sample``).
 
-        Episodes with such steps are left out of the logged learned returns, and a
-        ``NormalizedRewardNet``'s statistics do not see them. A no-op when
-        :attr:`batched` is False.
+        A stateless reward net (a plain net's ``predict_processed``) is not called:
+        the steps get zeros and episodes with such steps are left out of the logged
+        learned returns. A ``NormalizedRewardNet`` over a plain net is called in
+        batches of about :attr:`call_size` transitions, its statistics replayed step
+        by step, so they and the logged returns equal imitation's per-step path up
+        to float round-off. Any other ``reward_fn`` (which may hold state) is
+        called per step, as in imitation; so is every net when :attr:`batched` is
+        False.
 
         Yields:
             Nothing.
         """
-        if not self.batched or self._steps is not None:
-            yield  # batched=False keeps imitation's path; a rollout keeps recording
+        net = _batchable_net(self.reward_fn)
+        if not self.batched or self._steps is not None or net is None:
+            yield  # imitation's path; a rollout in learn() keeps recording
             return
-        self._discarding = True
+        if _stateless(net):
+            self._discarding = True
+            try:
+                yield
+            finally:
+                self._discarding = False
+            return
+        self._steps, self._sampling = [], True
         try:
             yield
+            self._finish_rollout()  # the statistics see every step, in order
         finally:
-            self._discarding = False
+            self._steps, self._sampling = None, False
 
     # Rollout end -----------------------------------------------------------------
 
@@ -470,14 +492,16 @@ def restore_default() -> None:
 
 
 class AgentTrainer(preference_comparisons.AgentTrainer):
-    """imitation's ``AgentTrainer``; ``sample()`` computes no learned reward.
+    """imitation's ``AgentTrainer``; ``sample()`` feeds only running statistics.
 
     ``sample()``'s extra rollouts keep the environment's rewards in the fragments
-    they return, so their learned rewards were computed for nothing.
+    they return, so their learned rewards are read by nobody; only a net's running
+    statistics (``NormalizedRewardNet``) see them. See
+    :meth:`RewardVecEnvWrapper.sampling`.
     """
 
     def sample(self, steps: int) -> Any:
-        """As in imitation, its rollouts stepping without the reward net.
+        """As in imitation; the learned reward computed only where it holds state.
 
         Args:
             steps: Transitions to return, as in imitation.
@@ -488,5 +512,5 @@ class AgentTrainer(preference_comparisons.AgentTrainer):
         wrapper = self.reward_venv_wrapper
         if not isinstance(wrapper, RewardVecEnvWrapper):
             return super().sample(steps)
-        with wrapper.discarding():
+        with wrapper.sampling():
             return super().sample(steps)

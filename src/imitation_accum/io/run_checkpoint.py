@@ -115,6 +115,12 @@ def _shown(value: Any) -> str:
             return tuple(plain(x) for x in v["py/tuple"])
         if isinstance(v, dict) and len(v) == 1 and "py/type" in v:
             return _Name(v["py/type"])
+        if isinstance(v, dict) and len(v) == 1 and "py/reduce" in v:
+            # A path (pathlib reduces to its class and parts), shown as a string;
+            # nothing is decoded (that could run code named in a checkpoint).
+            cls, args = (plain(x) for x in v["py/reduce"][:2])
+            if str(cls).startswith("pathlib.") and isinstance(args, tuple):
+                return str(pathlib.PurePosixPath(*args))
         if isinstance(v, dict):
             return {k: plain(x) for k, x in v.items()}
         if isinstance(v, list):

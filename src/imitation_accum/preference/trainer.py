@@ -405,7 +405,8 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             rate = n_pairs / seconds if seconds > 0 else float("inf")
             self.logger.log(
                 f"reward model, {epochs} epoch{'s' * (epochs > 1)} of "
-                f"{steps_per_epoch} steps: last epoch loss {loss_sum / n_pairs:.4f}, "
+                f"{steps_per_epoch} step{'s' * (steps_per_epoch != 1)}: last epoch "
+                f"loss {loss_sum / n_pairs:.4f}, "
                 f"accuracy {accuracy_sum / n_pairs:.3f}, {rate:.0f} pairs/s"
             )
         _record_final_values(self.logger, epoch_num)

@@ -4,13 +4,25 @@ import difflib
 import functools
 import inspect
 import pathlib
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+)
 
 import gymnasium as gym
 import torch as th
 from imitation.rewards import reward_nets
 from imitation.scripts.ingredients import reward as reward_ingredient
 from imitation.util import networks
+from sacred import initialize
+from sacred.utils import ConfigAddedError, convert_to_nested_dict
 
 from imitation_accum import _validation
 from imitation_accum.engine import acceleration
@@ -31,7 +43,20 @@ def check_environment(
             ``environment.max_episode_steps``.
     """
     del command_name, logger
-    env = config["environment"]
+    check_environment_section(config["environment"])
+    return {}
+
+
+def check_environment_section(env: Mapping[str, Any], make_kwargs: bool = True) -> None:
+    """:func:`check_environment` of the ``environment`` section.
+
+    ``make_kwargs``: whether to check ``env_make_kwargs`` against ``gym_id``'s
+    environment (not where another environment will be used: see
+    ``train_reward_model``, which checks them once it knows which).
+
+    Raises:
+        ValueError: as :func:`check_environment`.
+    """
     gym_id = env["gym_id"]
     try:
         gym.spec(gym_id)
@@ -43,8 +68,8 @@ def check_environment(
     )
     _validation.positive_int("environment.num_vec", env["num_vec"])
     _validation.boolean("environment.parallel", env["parallel"])
-    check_env_make_kwargs(gym_id, env["env_make_kwargs"])
-    return {}
+    if make_kwargs:
+        check_env_make_kwargs(gym_id, env["env_make_kwargs"])
 
 
 #: Entry points that pass their ``**kwargs`` on to ``gym.make`` of another id, and
@@ -73,15 +98,27 @@ def env_arguments(spec: Any) -> Optional[List[str]]:
     creator: Any = spec.entry_point
     if isinstance(creator, str):
         creator = gym.envs.registration.load_env_creator(creator)
-    try:
-        params = inspect.signature(creator).parameters.values()
-    except (TypeError, ValueError):  # a builtin or C callable: nothing to read
-        return None
-    accepted += [
-        p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    ]
-    if not any(p.kind == p.VAR_KEYWORD for p in params):
-        return accepted
+    # A class passing **kwargs to its base's __init__ (seals' FixedHorizonCartPole
+    # to gymnasium's CartPoleEnv) takes what the first __init__ without them takes.
+    functions = [creator]
+    if isinstance(creator, type):
+        functions = [
+            vars(k)["__init__"] for k in creator.__mro__ if "__init__" in vars(k)
+        ]
+    for function in functions:
+        try:
+            params = inspect.signature(function).parameters.values()
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+            return None
+        accepted += [
+            p.name
+            for p in params
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            return accepted
+        if function is object.__init__:
+            break
     inner_key = _MAKES_ANOTHER_ID.get(str(spec.entry_point))
     inner_id = spec.kwargs.get(inner_key) if inner_key else None
     inner = None if inner_id is None else env_arguments(gym.spec(inner_id))
@@ -178,10 +215,11 @@ def check_run_settings(
 def check_demonstrations(
     config: Dict[str, Any], command_name: str, logger: Any
 ) -> Dict[str, Any]:
-    """Config hook: local demonstrations name a file that exists.
+    """Config hook: demonstrations exist locally, or can be generated.
 
     Raises:
-        ValueError: naming ``demonstrations.source`` or ``demonstrations.path``.
+        ValueError: naming ``demonstrations.source``, ``demonstrations.path`` or
+            ``demonstrations.n_expert_demos``.
     """
     del command_name, logger
     demos = config["demonstrations"]
@@ -189,6 +227,20 @@ def check_demonstrations(
     if demos["source"] not in sources:
         raise ValueError(
             f"demonstrations.source={demos['source']!r} must be one of {sources}"
+        )
+    if demos["source"] == "generated":
+        # imitation's default: rolls out expert.policy_type (by default downloaded
+        # from the HuggingFace hub), n_expert_demos episodes.
+        if demos.get("n_expert_demos") is None:
+            raise ValueError(
+                "demonstrations.source='generated' (imitation's default) needs "
+                "demonstrations.n_expert_demos and an expert (expert.policy_type; "
+                "its default downloads one). Offline, give demonstrations.source="
+                "local demonstrations.path=DIR, saved by python -m "
+                "imitation_accum.integrations.demonstrations (docs/adversarial.md)"
+            )
+        _validation.positive_int(
+            "demonstrations.n_expert_demos", demos["n_expert_demos"]
         )
     if demos["source"] != "local":
         return {}
@@ -663,3 +715,84 @@ def check_preference_model_kwargs(kwargs: Any) -> None:
             "arguments (noise_prob, discount_factor, threshold)"
         )
     arguments.check_preference_model_values(kwargs, "preference_model_kwargs.")
+
+
+class UnknownConfigKeyError(ConfigAddedError, ValueError):
+    """A config key no part of the experiment reads (sacred's ``ConfigAddedError``).
+
+    Also a ``ValueError``, as the package's other config checks raise.
+    """
+
+    def __init__(self, key: str, message: str) -> None:
+        """Names ``key`` in ``message``; sacred's command line prints it alone."""
+        super().__init__(
+            key,
+            message=message,
+            print_conflicting_configs=False,
+            print_suggestions=False,
+        )
+
+
+def _flat_keys(updates: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    for name, value in updates.items():
+        if name == "__doc__":  # a config scope's docstring, not a key
+            continue
+        key = f"{prefix}{name}"
+        if isinstance(value, Mapping) and value:
+            yield from _flat_keys(value, f"{key}.")
+        else:
+            yield key
+
+
+def check_known_keys(
+    ex: Any, config_updates: Mapping[str, Any], named_configs: Sequence[str]
+) -> None:
+    """Refuses a key of the updates or named configs that ``ex`` does not know.
+
+    sacred's own rule, which imitation's experiments apply: at the root and in each
+    ingredient, a key must be one of the defaults there, an argument of a captured
+    function there, a sub-ingredient, or ``seed``. Deeper keys, inside a dict-valued
+    entry (``reward_trainer_kwargs``, ``environment.env_make_kwargs``, ...), are
+    checked by the hooks against what receives them. Nothing is built or run: the
+    experiment's config scopes and named configs are evaluated as sacred does.
+    (sacred misses such keys once an experiment adds a config dict after its
+    scopes, as ``ex.add_config`` does; this check does not.)
+
+    Args:
+        ex: A sacred experiment.
+        config_updates: The user's updates (dotted or nested).
+        named_configs: The named configs and config files of the run.
+
+    Raises:
+        UnknownConfigKeyError: naming the first unknown key, with near matches.
+    """
+    scaffolding = initialize.create_scaffolding(
+        ex, initialize.gather_ingredients_topological(ex)
+    )
+    given = list(_flat_keys(convert_to_nested_dict(dict(config_updates))))
+    for named in named_configs:
+        scaffold, name = initialize.get_scaffolding_and_config_name(named, scaffolding)
+        scaffold.gather_fallbacks()
+        for key in _flat_keys(scaffold.run_named_config(name)):
+            given.append(f"{scaffold.path}.{key}" if scaffold.path else key)
+    for scaffold in scaffolding.values():  # the defaults, as sacred's phase 3
+        scaffold.gather_fallbacks()
+        scaffold.set_up_config()
+    paths = sorted(scaffolding, key=len, reverse=True)
+    for key in given:
+        path = next(p for p in paths if not p or key.startswith(f"{p}."))
+        scaffold = scaffolding[path]
+        name = key[len(path) + 1 :].split(".")[0] if path else key.split(".")[0]
+        known = set(scaffold.config) | {"seed"}
+        known |= {arg.split(".")[0] for arg in scaffold.captured_args}
+        known |= {p[len(path) + 1 :].split(".")[0] for p in scaffolding if p != path}
+        known = {k for k in known if k and not k.startswith("_")}
+        if name not in known:
+            near = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(near)}?" if near else ""
+            where = f"the {path!r} ingredient" if path else f"{ex.path}"
+            raise UnknownConfigKeyError(
+                key,
+                f"{key}: no such config key in {where}{hint} "
+                f"(`print_config` lists them)",
+            )

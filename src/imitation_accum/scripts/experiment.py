@@ -12,9 +12,11 @@ import fcntl
 import functools
 import io
 import logging
+import multiprocessing.forkserver
 import os
 import pathlib
 import re
+import shlex
 import signal
 import sys
 import textwrap
@@ -44,6 +46,7 @@ from stable_baselines3.common import monitor
 
 from imitation_accum.integrations.patching import patched
 from imitation_accum.io import atomic
+from imitation_accum.scripts import config_checks
 
 
 class PatchedExperiment(sacred.Experiment):
@@ -62,6 +65,9 @@ class PatchedExperiment(sacred.Experiment):
     #: run directory is locked (the main function, or the run-directory hook of
     #: :func:`derive`): its command line then records nothing of a run refused before.
     records_after_checks = False
+    #: The run directory of the run under way (set once it is locked), which an
+    #: interrupted command line names (:func:`interrupted_line`).
+    run_directory: Optional[pathlib.Path] = None
     _held: Optional[contextlib.ExitStack] = None
 
     @functools.cached_property
@@ -135,6 +141,7 @@ class PatchedExperiment(sacred.Experiment):
         updates = user_alternatives_win(config_updates or {}, self.alternatives)
         for hook in self.update_hooks:
             updates = hook(updates)
+        config_checks.check_known_keys(self, updates, named_configs)
         with patched(), self._own_keys_quiet(), contextlib.ExitStack() as held:
             self._held = held
             try:
@@ -251,6 +258,7 @@ def _add_run_directory_hooks(ex: PatchedExperiment, training: Set[str]) -> None:
             return
         log_dir = pathlib.Path(_run.config["logging"]["log_dir"])
         ex.hold_while_running(lock_run_directory(log_dir))
+        ex.run_directory = log_dir
         if _run.config.get("resume_from") is None:
             refuse_earlier_run(log_dir, resume_from=log_dir)
         begin_record(_run)
@@ -283,8 +291,63 @@ def main_console(ex: sacred.Experiment, observe: bool = True) -> None:
     if observe:
         root = pathlib.Path.cwd() / "output" / "sacred" / str(ex.path)
         ex.observers.append(record_observer(ex, root))
-    ex.run_commandline()
+    workers_ignore_ctrl_c()
+    try:
+        ex.run_commandline()
+    except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue
+        print(interrupted_line(ex, sys.argv), file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
     exit_if_stopped()
+
+
+def workers_ignore_ctrl_c() -> None:
+    """Starts multiprocessing's forkserver with SIGINT ignored, for its children.
+
+    SB3's ``SubprocVecEnv`` (imitation's ``environment.parallel=True``) starts its
+    environment workers from the forkserver. A Ctrl-C reaches every process of the
+    terminal's group: each worker printed its own ``KeyboardInterrupt`` traceback.
+    Workers forked from this forkserver ignore it; the main process stops, and
+    multiprocessing ends its (daemon) workers at exit.
+    """
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def interrupted_line(ex: sacred.Experiment, argv: Sequence[str]) -> str:
+    """What an interrupted command line prints: the intact checkpoint, how to resume.
+
+    Args:
+        ex: The experiment (its :attr:`PatchedExperiment.run_directory`).
+        argv: The command line (``sys.argv``), repeated with ``resume_from=``.
+
+    Returns:
+        One line.
+    """
+    log_dir = getattr(ex, "run_directory", None)
+    if log_dir is None:
+        return "Interrupted before the run began: no run directory was written."
+    from imitation_accum.io import run_checkpoint
+
+    checkpoints = run_checkpoint.complete(run_checkpoint.root(log_dir))
+    state = log_dir / "checkpoints" / "training_state.pt"  # train_reward_model's
+    if checkpoints:
+        intact, resume_from = checkpoints[-1], log_dir
+    elif state.is_file():
+        intact = resume_from = state
+    else:
+        return (
+            f"Interrupted before the first checkpoint: {log_dir} holds nothing to "
+            "resume; the same command starts a new run."
+        )
+    words = [w for w in argv[1:] if not w.startswith("resume_from=")]
+    if "with" not in words:
+        words.append("with")
+    program = f"python -m {__package__}.{pathlib.Path(argv[0]).stem}"
+    command = shlex.join([*program.split(), *words, f"resume_from={resume_from}"])
+    return f"Interrupted; checkpoint {intact} is intact. Continue with: {command}"
 
 
 def record_observer(ex: sacred.Experiment, root: pathlib.Path) -> FileStorageObserver:

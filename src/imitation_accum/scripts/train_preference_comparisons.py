@@ -54,9 +54,9 @@ _imitation_main = imitation_ex.commands["train_preference_comparisons"]
 
 
 @train_preference_comparisons_ex.config
-def initial_epochs() -> None:
-    """The first phase: initial_epoch_multiplier x reward_trainer_kwargs.epochs."""
-    initial_epoch_multiplier = 200.0  # first phase: x epochs (imitation's default)
+def initial_epochs() -> None:  # noqa: D103  (a docstring would print in print_config)
+    # imitation's script passes none: its PreferenceComparisons default.
+    initial_epoch_multiplier = 200.0  # first phase: x reward_trainer_kwargs.epochs
     locals()  # quieten flake8
 
 

@@ -98,8 +98,8 @@ _REGULARIZER_KEYS = (
 
 
 @train_reward_model_ex.config
-def train_defaults():
-    """Defaults: imitation's reward trainer defaults, a tenth held out."""
+def train_defaults():  # noqa: D103  (a docstring would print in print_config)
+    # Defaults: imitation's reward trainer defaults, a tenth held out.
     dataset_path = None  # a frame store, or a pickle saved by imitation's dataset
     trust_pickle = False  # load a pickle at dataset_path (runs any code it holds)
     held_out_fraction = 0.1  # share of the pairs held out, evaluated every epoch
@@ -246,7 +246,23 @@ def _check_config(
     return {}
 
 
-train_reward_model_ex.config_hook(config_checks.check_environment)
+@train_reward_model_ex.config_hook
+def _check_environment(
+    config: Dict[str, Any], command_name: str, logger: Any
+) -> Dict[str, Any]:
+    """Config hook: the environment keys; ``env_make_kwargs`` where ``gym_id`` is set.
+
+    With the default ``gym_id`` a dataset's recorded environment may be used: its
+    ``env_make_kwargs`` are then checked once the dataset names it, before
+    anything is written.
+    """
+    del command_name, logger
+    env = config["environment"]
+    known = env["gym_id"] != _DEFAULT_GYM_ID or config["dataset_path"] is None
+    config_checks.check_environment_section(env, make_kwargs=known)
+    return {}
+
+
 # Before sacred's config: imitation's logging ingredient fails on a string there.
 train_reward_model_ex.update_hooks.append(config_checks.check_logging_updates)
 
@@ -539,6 +555,7 @@ def _run_directory(
     config = run.config["logging"]
     run_dir = util.parse_path(config["log_dir"])
     with experiment.lock_run_directory(run_dir):
+        train_reward_model_ex.run_directory = run_dir
         if not resumed:
             state = run_dir / "checkpoints" / checkpoint.TRAINING_STATE_NAME
             experiment.refuse_earlier_run(
@@ -615,6 +632,7 @@ def train_reward_model(
 
         dataset = _load_dataset(dataset_path, trust_pickle)
         gym_id = _environment_id(environment["gym_id"], dataset)
+        config_checks.check_env_make_kwargs(gym_id, environment["env_make_kwargs"])
         env = gym.make(gym_id, **environment["env_make_kwargs"])
         env.close()  # only its spaces are read, as the reward ingredient reads a venv's
         _check_dataset(dataset, env, dataset_path, gym_id)
