@@ -80,6 +80,30 @@ def test_budget_sizes_minibatches_and_stays_exact(algo, venv, ppo, rng, budget_o
     assert setup.norm_buffers_close(ours._reward_net, reference._reward_net)
 
 
+def test_an_assigned_budget_takes_effect_at_the_next_step(
+    venv, ppo, rng, budget_of_rows
+):
+    net = make_net("GAIL", venv)
+    samples = setup.sample_sequence(rng, N_STEPS, BATCH, venv)
+    reference = setup.make_trainer(
+        ALGOS["GAIL"][1], net, venv=venv, gen_algo=ppo, demo_batch_size=BATCH
+    )
+    ours = setup.make_trainer(
+        ALGOS["GAIL"][0], net, venv=venv, gen_algo=ppo, demo_batch_size=BATCH
+    )
+    ours.memory_budget = "6GiB"
+    run_steps(reference, samples[:1])
+    run_steps(ours, samples[:1])
+    assert ours.memory_budget == 6 * 2**30
+    budget_of_rows(4)
+    ours.memory_budget = "auto"  # a new budget is fitted afresh
+    run_steps(reference, samples[1:])
+    run_steps(ours, samples[1:])
+    rows = plan_step(np.ones(BATCH, dtype=np.int64), ours.step_policy).item_chunks
+    assert [s.stop - s.start for s in rows] == [4, 4, 2]
+    assert setup.update_error(net, ours._reward_net, reference._reward_net) < TOL
+
+
 class OutOfMemoryAbove(BasicRewardNet):
     """Raises CUDA's out-of-memory error on calls with gradient above ``limit``."""
 

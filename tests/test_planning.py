@@ -113,6 +113,7 @@ def params(trainer):
         ("batch_size", 4),
         ("forward_size", 1),
         ("two_pass", True),
+        ("memory_budget", "6GiB"),
     ],
 )
 def test_settings_assigned_after_construction_take_effect(rng, name, value):
@@ -123,8 +124,9 @@ def test_settings_assigned_after_construction_take_effect(rng, name, value):
     assigned.train(dataset)
     for a, b in zip(params(built), params(assigned)):
         assert th.equal(a, b)
-    if name in ("minibatch_size", "two_pass", "forward_size"):
+    if name in ("minibatch_size", "two_pass", "forward_size", "memory_budget"):
         assert assigned.last_plan == built.last_plan
+    assert assigned.memory_budget == built.memory_budget
 
 
 def test_an_assigned_optimizer_and_logger_are_used(rng, tmp_path):

@@ -119,6 +119,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         """The memory probe's profile of the discriminator (with a budget, or on a
         CPU for the intra-op threads)."""
         self._budget_cap: Optional[int] = None
+        self._fitted_budget = self.memory_budget
         budget.check_holds_training_state(
             self.memory_budget,
             self._disc_opt,
@@ -282,6 +283,11 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             FloatingPointError: if the loss or gradient is not finite; the
                 discriminator is then as before the call.
         """
+        # An assigned budget ("6GiB" included) is parsed here and fitted afresh.
+        memory_budget = budget.parse_budget(self.memory_budget)
+        if memory_budget != self._fitted_budget:
+            self.memory_profile, self.step_policy, self._budget_cap = None, None, None
+        self.memory_budget = self._fitted_budget = memory_budget
         accelerated = acceleration_options.maybe_applied(
             self.acceleration, self._reward_net
         )

@@ -424,6 +424,8 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                 "two_pass": self.two_pass,
             }
         )
+        # Normalized here too, so that an assigned "6GiB" reaches the planner as bytes.
+        self.memory_budget = budget.parse_budget(self.memory_budget)
 
     def _step_policy(self, table: pair_table.PreferenceTable) -> StepPolicy:
         """This ``train()``'s step policy, from the attributes and the memory probe."""
