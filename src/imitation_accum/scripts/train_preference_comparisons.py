@@ -30,9 +30,9 @@ run in ``RUN_DIR`` from its latest one, appending to its logs::
 A resumed run takes the run's seed and directory and must have its config (the same
 named configs and updates): a changed key is refused, naming it, unless it may
 change (``total_timesteps``, ``logging.*``, ``checkpoint_interval``,
-``save_preferences``, ``policy_evaluation.*``, ``reward_trainer_kwargs.progress_bar``),
-which is logged. SIGTERM ends a run with exit status 143, after the checkpoint write
-under way.
+``save_preferences``, ``held_out_pairs``, ``policy_evaluation.*``,
+``reward_trainer_kwargs.progress_bar``), which is logged. SIGTERM ends a run with
+exit status 143, after the checkpoint write under way.
 """
 
 import contextlib
