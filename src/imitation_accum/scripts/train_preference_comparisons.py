@@ -59,7 +59,7 @@ _imitation_main = imitation_ex.commands["train_preference_comparisons"]
 
 @train_preference_comparisons_ex.config
 def initial_epochs() -> None:
-    """The first phase: initial_epoch_multiplier x reward_trainer_kwargs.epochs."""
+    """The first phase's epochs, and the held-out evaluation after training."""
     initial_epoch_multiplier = 200.0  # first phase: x epochs (imitation's default)
     held_out_pairs = 0  # after training: accuracy on this many fresh pairs (0: off)
     locals()  # quieten flake8
