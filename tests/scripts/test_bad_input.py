@@ -186,6 +186,9 @@ def _checked_before_anything_ran(tmp_path):
             r"reward_trainer_kwargs\.optimizer_kwargs\.weight_decay=-1 refused by "
             r"AdamW: ValueError: Invalid weight_decay value: -1",
         ),
+        ({"held_out_pairs": -1}, r"held_out_pairs must be an int >= 0, got -1"),
+        ({"held_out_pairs": 2.5}, r"held_out_pairs must be an int >= 0, got 2\.5"),
+        ({"held_out_pairs": True}, r"held_out_pairs must be an int >= 0, got True"),
         ({"seed": "abc"}, r"seed must be an int >= 0, got 'abc'"),
         ({"seed": -1}, r"seed must be an int >= 0"),
         (

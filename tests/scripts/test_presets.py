@@ -117,4 +117,4 @@ def test_table_has_a_header(capsys):
 
 def test_quickstart_first_phase_is_short():
     # imitation's initial_epoch_multiplier=200 made it most of the run.
-    assert presets.QUICKSTART.config()["initial_epoch_multiplier"] == 4
+    assert presets.QUICKSTART.config()["initial_epoch_multiplier"] == 1

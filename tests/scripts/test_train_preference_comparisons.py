@@ -174,3 +174,22 @@ def test_atari_named_configs_add_no_config_entry_warnings(caplog):
     ex.run("print_config", named_configs=["atari_pong"])
     added = [r.getMessage() for r in caplog.records if "Added new config" in r.msg]
     assert not added
+
+
+def test_held_out_pairs_scores_the_final_net_on_fresh_pairs(tmp_path):
+    # Pendulum's reward varies every step, so held-out pairs are not tied.
+    updates = {
+        "seed": 3,
+        "environment": {"gym_id": "Pendulum-v1"},
+        "reward_trainer_kwargs": {"batch_size": 4, "minibatch_size": 2, **QUIET},
+    }
+    run = helpers.run(ex, tmp_path, ["fast"], {**updates, "held_out_pairs": 6})
+    assert run.result["held_out_non_tied_pairs"] == 6
+    assert 0.0 <= run.result["held_out_accuracy"] <= 1.0
+    # The same seed, the same figure; without the key, no figure.
+    again = helpers.run(
+        ex, tmp_path / "again", ["fast"], {**updates, "held_out_pairs": 6}
+    )
+    assert again.result["held_out_accuracy"] == run.result["held_out_accuracy"]
+    off = helpers.run(ex, tmp_path / "off", ["fast"], updates)
+    assert "held_out_accuracy" not in off.result

@@ -42,6 +42,7 @@ from imitation.algorithms import preference_comparisons as pc
 from imitation.util import util
 
 from imitation_accum.io import frame_store, run_checkpoint, run_state, training_state
+from imitation_accum.preference import held_out
 from imitation_accum.preference.dataset import PreferenceDataset
 
 #: The experiment whose checkpoints these are.
@@ -58,6 +59,9 @@ class ResumablePreferenceComparisons(pc.PreferenceComparisons):
     Args:
         *args: imitation's arguments.
         checkpointing: Where to write checkpoints and what to resume.
+        held_out_pairs: After training, score the reward net on this many fresh
+            fragment pairs (:func:`imitation_accum.preference.held_out.evaluate`);
+            0 (the default) skips it.
         **kwargs: imitation's keyword arguments.
 
     Example:
@@ -71,10 +75,12 @@ class ResumablePreferenceComparisons(pc.PreferenceComparisons):
         self,
         *args: Any,
         checkpointing: run_checkpoint.Checkpointing,
+        held_out_pairs: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.checkpointing = checkpointing
+        self.held_out_pairs = held_out_pairs
         self._results: Tuple[Optional[float], Optional[float]] = (None, None)
         self._unsaved_environments: Optional[str] = None
         # The preference store the last checkpoint committed, and the one appended
@@ -94,7 +100,10 @@ class ResumablePreferenceComparisons(pc.PreferenceComparisons):
         same steps in the same order, from ``self._iteration``.
 
         Returns:
-            The final reward loss and accuracy, as imitation's.
+            The final reward loss and accuracy, as imitation's; with
+            ``held_out_pairs``, also the held-out accuracy and the count of
+            non-tied pairs it is measured on
+            (:mod:`~imitation_accum.preference.held_out`).
         """
         initial_comparisons = int(total_comparisons * self.initial_comparison_frac)
         total_comparisons -= initial_comparisons
@@ -152,7 +161,24 @@ class ResumablePreferenceComparisons(pc.PreferenceComparisons):
             self._iteration += 1
             self._results = (reward_loss, reward_accuracy)
             self._checkpoint(schedule)
-        return {"reward_loss": reward_loss, "reward_accuracy": reward_accuracy}
+        results: Dict[str, Any] = {
+            "reward_loss": reward_loss,
+            "reward_accuracy": reward_accuracy,
+        }
+        if self.held_out_pairs > 0:
+            trainer = cast(pc.BasicRewardTrainer, self.reward_trainer)
+            results.update(
+                held_out.evaluate(
+                    self.trajectory_generator,
+                    trainer._preference_model,  # imitation keeps no public one
+                    num_pairs=self.held_out_pairs,
+                    fragment_length=self.fragment_length,
+                    rng=trainer.rng,  # done drawing for training
+                    transition_oversampling=self.transition_oversampling,
+                    logger=self.logger,
+                )
+            )
+        return results
 
     # What a checkpoint holds ------------------------------------------------------
 

@@ -14,8 +14,12 @@ The run directory (``output/train_preference_comparisons/<env>/<timestamp>``) ho
 the reward net (``checkpoints/final/reward_net.pt``), the agent, logs and
 ``config.json``; with ``save_preferences=True`` also ``preferences.pkl``, a frame
 store recording ``environment.gym_id`` (``train_reward_model`` reads it from there).
-Added keys: ``initial_epoch_multiplier`` (imitation's script does not pass one) and
-``resume_from``. Unless ``checkpoint_interval < 0``, a checkpoint is written atomically
+Added keys: ``initial_epoch_multiplier`` (imitation's script does not pass one),
+``held_out_pairs`` and ``resume_from``. With ``held_out_pairs=N``, after training the
+final agent's rollouts give N fresh fragment pairs, labelled by the environment's
+reward; the reward net's accuracy on the non-tied ones is printed and returned in the
+run's result (``held_out_accuracy``, ``held_out_non_tied_pairs``; sacred's
+``run.json``). Unless ``checkpoint_interval < 0``, a checkpoint is written atomically
 to ``checkpoints/resume/`` at the end of every iteration
 (:mod:`imitation_accum.preference.resumable`); ``resume_from=RUN_DIR`` continues the
 run in ``RUN_DIR`` from its latest one, appending to its logs::
@@ -26,9 +30,9 @@ run in ``RUN_DIR`` from its latest one, appending to its logs::
 A resumed run takes the run's seed and directory and must have its config (the same
 named configs and updates): a changed key is refused, naming it, unless it may
 change (``total_timesteps``, ``logging.*``, ``checkpoint_interval``,
-``save_preferences``, ``policy_evaluation.*``, ``reward_trainer_kwargs.progress_bar``),
-which is logged. SIGTERM ends a run with exit status 143, after the checkpoint write
-under way.
+``save_preferences``, ``held_out_pairs``, ``policy_evaluation.*``,
+``reward_trainer_kwargs.progress_bar``), which is logged. SIGTERM ends a run with
+exit status 143, after the checkpoint write under way.
 """
 
 import contextlib
@@ -57,6 +61,7 @@ _imitation_main = imitation_ex.commands["train_preference_comparisons"]
 def initial_epochs() -> None:  # noqa: D103  (a docstring would print in print_config)
     # imitation's script passes none: its PreferenceComparisons default.
     initial_epoch_multiplier = 200.0  # first phase: x reward_trainer_kwargs.epochs
+    held_out_pairs = 0  # after training: accuracy on this many fresh pairs (0: off)
     locals()  # quieten flake8
 
 
@@ -64,13 +69,19 @@ def initial_epochs() -> None:  # noqa: D103  (a docstring would print in print_c
 RESUMES = resume.add_resume(
     train_preference_comparisons_ex,
     resumable.EXPERIMENT,
-    (*resume.MAY_CHANGE, "save_preferences", "reward_trainer_kwargs.progress_bar"),
+    (
+        *resume.MAY_CHANGE,
+        "save_preferences",
+        "held_out_pairs",
+        "reward_trainer_kwargs.progress_bar",
+    ),
 )
 
 
 @train_preference_comparisons_ex.main
 def train_preference_comparisons(
     initial_epoch_multiplier: float,
+    held_out_pairs: int,
     environment: Mapping[str, Any],
     resume_from: Optional[str],
     checkpoint_interval: int,
@@ -81,7 +92,9 @@ def train_preference_comparisons(
     Checkpoints every iteration and resumes (see the module's docstring).
 
     Returns:
-        What imitation's main returns: rollout statistics of the trained policy.
+        What imitation's main returns: the final reward loss and accuracy, rollout
+        statistics of the trained policy; with ``held_out_pairs``, the held-out
+        accuracy and how many non-tied pairs it is measured on.
     """
     log_dir = pathlib.Path(_run.config["logging"]["log_dir"])
     checkpoint = resume.resumed_checkpoint(RESUMES, resume_from, _run)
@@ -102,6 +115,7 @@ def train_preference_comparisons(
                 comparisons_cls=functools.partial(
                     resumable.ResumablePreferenceComparisons,
                     checkpointing=checkpointing,
+                    held_out_pairs=int(held_out_pairs),
                 ),
             )
         )
@@ -109,14 +123,15 @@ def train_preference_comparisons(
 
 
 @train_preference_comparisons_ex.config_hook
-def check_initial_epoch_multiplier(
+def check_added_keys(
     config: Dict[str, Any], command_name: str, logger: Any
 ) -> Dict[str, Any]:
-    """Config hook: ``initial_epoch_multiplier`` is a positive number."""
+    """Config hook: ``initial_epoch_multiplier`` > 0, ``held_out_pairs`` >= 0."""
     del command_name, logger
     _validation.positive_finite_float(
         "initial_epoch_multiplier", config["initial_epoch_multiplier"]
     )
+    _validation.non_negative_int("held_out_pairs", config["held_out_pairs"])
     return {}
 
 
