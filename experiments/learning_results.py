@@ -477,7 +477,12 @@ def run_pong(args: argparse.Namespace, workdir: pathlib.Path) -> Dict[str, Any]:
             row = run_worker("pong", spec, args.threads)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    data.update(
+    data.update(_pong_settings(args))
+    return dict(data=data, rows=rows)
+
+
+def _pong_settings(args: argparse.Namespace) -> Dict[str, Any]:
+    return dict(
         pairs=args.pong_pairs,
         fragment_length=args.pong_length,
         batch_size=args.pong_batch,
@@ -485,7 +490,6 @@ def run_pong(args: argparse.Namespace, workdir: pathlib.Path) -> Dict[str, Any]:
         lr=args.pong_lr,
         held_out_fraction=args.pong_held_out,
     )
-    return dict(data=data, rows=rows)
 
 
 # -------------------------------------------------------------------- the report
@@ -783,8 +787,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         type=pathlib.Path,
         nargs="+",
         default=[],
-        help="learning_results.json files of earlier runs: their parts are "
-        "taken from there instead of run again",
+        help="learning_results.json files of earlier runs, or their standard "
+        "output (the rows they printed): their parts are taken from there "
+        "instead of run again",
     )
     parser.add_argument("--pong-seeds", type=int, default=3)
     parser.add_argument("--pong-pairs", type=int, default=320)
@@ -824,6 +829,37 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
+def _earlier_results(path: pathlib.Path, args: argparse.Namespace) -> Dict[str, Any]:
+    """An earlier run's results: its ``learning_results.json``, or its printed rows.
+
+    A run's standard output holds one JSON line per finished run (and one for the
+    Pong data), so a run cut short still gives the rows it finished; the Pong
+    settings are then this command's ``--pong-*`` options.
+    """
+    if path.suffix == ".json":
+        return dict(json.loads(path.read_text()))
+    mlp: List[Dict[str, Any]] = []
+    pong_rows: List[Dict[str, Any]] = []
+    data: Optional[Dict[str, Any]] = None
+    for line in path.read_text().splitlines():
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(value, dict):
+            continue
+        if value.get("part") == "mlp":
+            mlp.append(value)
+        elif value.get("part") == "pong":
+            pong_rows.append(value)
+        elif "pong_data" in value:
+            data = dict(value["pong_data"], **_pong_settings(args))
+    results: Dict[str, Any] = {"mlp": mlp}
+    if pong_rows and data is not None:
+        results["pong"] = dict(data=data, rows=pong_rows)
+    return {"made_by": f"the rows printed in {path.name}", "results": results}
+
+
 @contextlib.contextmanager
 def _workdir() -> Iterator[pathlib.Path]:
     with tempfile.TemporaryDirectory(prefix="learning-results-") as path:
@@ -848,7 +884,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     pong = None
     reused: List[str] = []
     for path in args.reuse:
-        earlier = json.loads(path.read_text())
+        earlier = _earlier_results(path, args)
         if earlier["results"].get("mlp"):
             mlp_rows = earlier["results"]["mlp"]
             parts.discard("mlp")

@@ -191,3 +191,25 @@ def test_quick_run(tmp_path):
             assert row["two_pass_steps"] == 0
     png = (tmp_path / "learning_results.png").read_bytes()
     assert png.startswith(b"\x89PNG")
+
+
+def test_rows_reused_from_a_run_cut_short(learning_results, tmp_path):
+    row = _mlp_row(learning_results.UPSTREAM, 0, 12.5)
+    pong = dict(setting="minibatch 4", seed=0, accuracy=[0.5], loss=[0.7])
+    log = tmp_path / "run.log"
+    log.write_text(
+        "a warning\n"
+        + json.dumps(row)
+        + "\n"
+        + json.dumps({"pong_data": {"steps": 10}})
+        + "\n"
+        + json.dumps(pong)
+        + "\n[1, 2]\n"
+    )
+    args = learning_results.parse_args(["--pong-epochs", "7"])
+    earlier = learning_results._earlier_results(log, args)
+    assert earlier["results"]["mlp"] == [row]
+    assert earlier["results"]["pong"]["rows"] == [pong]
+    assert earlier["results"]["pong"]["data"]["steps"] == 10
+    assert earlier["results"]["pong"]["data"]["epochs"] == 7
+    assert "run.log" in earlier["made_by"]
