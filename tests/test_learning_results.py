@@ -195,7 +195,7 @@ def test_quick_run(tmp_path):
 
 def test_rows_reused_from_a_run_cut_short(learning_results, tmp_path):
     row = _mlp_row(learning_results.UPSTREAM, 0, 12.5)
-    pong = dict(setting="minibatch 4", seed=0, accuracy=[0.5], loss=[0.7])
+    pong = dict(part="pong", setting="minibatch 4", seed=0, accuracy=[0.5])
     log = tmp_path / "run.log"
     log.write_text(
         "a warning\n"
