@@ -650,6 +650,7 @@ def plot(
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     envs = list(dict.fromkeys(r["env"] for r in mlp_rows))
     n_panels = len(envs) + (pong is not None)
@@ -672,6 +673,7 @@ def plot(
                     label=setting if r["seed"] == 0 else None,
                 )
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("held-out accuracy (non-tied pairs)")
         ax.set_title("Pong, CnnRewardNet (train_reward_model)")
         ax.legend(fontsize=8)
@@ -691,6 +693,7 @@ def plot(
                 label=setting,
             )
         ax.set_xlabel("seed")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("ground-truth return of the trained agent")
         ax.set_title(f"{env}: upstream against the package")
         ax.legend(fontsize=8)
