@@ -210,6 +210,7 @@ def mlp_worker(spec: Mapping[str, Any]) -> Dict[str, Any]:
         two_pass_steps=two,
         logged_steps=steps,
         seconds=seconds,
+        load=os.getloadavg()[0],
     )
 
 
@@ -251,6 +252,7 @@ def pong_worker(spec: Mapping[str, Any]) -> Dict[str, Any]:
         two_pass_steps=two,
         logged_steps=steps,
         seconds=seconds,
+        load=os.getloadavg()[0],
     )
 
 
@@ -723,6 +725,14 @@ def write_report(
     if args.reused:
         parts += ["", "Taken from earlier runs (`--reuse`):", ""]
         parts += [f"- {line}" for line in args.reused]
+    rows = [*mlp_rows, *(pong["rows"] if pong else [])]
+    loads = [r["load"] for r in rows if "load" in r]
+    if loads:
+        parts += [
+            "",
+            f"Load average (1 min) at the end of each run: {min(loads):.1f} to "
+            f"{max(loads):.1f} ({len(loads)} of {len(rows)} runs recorded it).",
+        ]
     results: Dict[str, Any] = {"mlp": mlp_rows}
     if mlp_rows:
         table, summary = mlp_tables(mlp_rows)
