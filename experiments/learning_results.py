@@ -185,7 +185,8 @@ def mlp_worker(spec: Mapping[str, Any]) -> Dict[str, Any]:
         start = time.perf_counter()
         run = ex.run(named_configs=[spec["named_config"]], config_updates=updates)
         seconds = time.perf_counter() - start
-        stats = run.result["imit_stats"]
+        result: Mapping[str, Any] = run.result or {}
+        stats = result["imit_stats"]
         final = run_dir / "checkpoints" / "final"
         net = th.load(final / "reward_net.pt", weights_only=False, map_location="cpu")
         policy = PPO.load(final / "policy" / "model.zip", device="cpu")
@@ -206,7 +207,7 @@ def mlp_worker(spec: Mapping[str, Any]) -> Dict[str, Any]:
         gt_return=float(stats.get("monitor_return_mean", stats["return_mean"])),
         held_out_accuracy=accuracy,
         held_out_pairs=counted,
-        train_accuracy=float(run.result["reward_accuracy"]),
+        train_accuracy=float(result["reward_accuracy"]),
         two_pass_steps=two,
         logged_steps=steps,
         seconds=seconds,
@@ -242,7 +243,7 @@ def pong_worker(spec: Mapping[str, Any]) -> Dict[str, Any]:
         )
         seconds = time.perf_counter() - start
         two, steps = _two_pass_steps(run_dir)
-    history = run.result["held_out"]
+    history = (run.result or {})["held_out"]
     return dict(
         part="pong",
         setting=spec["setting"],
@@ -407,7 +408,8 @@ def make_pong_store(
 
     trajectory, returns = _pong_fragments(steps, length, seed)
     rng = np.random.default_rng(seed)
-    pairs, preferences = [], []
+    pairs: List[Tuple[Any, Any]] = []
+    preferences: List[float] = []
 
     def cut(start: int) -> types.TrajectoryWithRew:
         return types.TrajectoryWithRew(
