@@ -872,7 +872,11 @@ def _earlier_results(path: pathlib.Path, args: argparse.Namespace) -> Dict[str, 
     results: Dict[str, Any] = {"mlp": mlp}
     if pong_rows and data is not None:
         results["pong"] = dict(data=data, rows=pong_rows)
-    return {"made_by": f"the rows printed in {path.name}", "results": results}
+    n_rows = len(mlp) + len(pong_rows)
+    return {
+        "made_by": f"the {n_rows} rows printed in {path.name} (a run's output)",
+        "results": results,
+    }
 
 
 @contextlib.contextmanager
