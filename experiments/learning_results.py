@@ -507,7 +507,7 @@ def mlp_tables(rows: List[Dict[str, Any]]) -> Tuple[str, List[Dict[str, Any]]]:
     """Per-run table, summary table (median and range per setting) and the summary."""
     lines = [
         "| environment | setting | seed | return | held-out accuracy (pairs) "
-        "| two-pass steps / steps | seconds |",
+        "| two-pass log rows / log rows | seconds |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -581,7 +581,7 @@ def pong_tables(pong: Dict[str, Any]) -> Tuple[str, List[Dict[str, Any]]]:
     epochs = max(len(r["accuracy"]) for r in rows)
     head = " | ".join(f"epoch {e + 1}" for e in range(epochs))
     lines = [
-        f"| setting | seed | {head} | two-pass steps / steps | seconds |",
+        f"| setting | seed | {head} | two-pass log rows / log rows | seconds |",
         "|---|---|" + "---|" * epochs + "---|---|",
     ]
     for r in rows:
@@ -753,8 +753,9 @@ def write_report(
             "the experiment's `imit_stats` (`monitor_return_mean`, ground truth). "
             "Held-out accuracy: the final reward net on pairs of fragments of fresh "
             "rollouts (the trained agent's and a random policy's), labelled by true "
-            "return, ties left out. Two-pass steps: steps whose log says "
-            "`two_pass=1`, out of all steps logged.",
+            "return, ties left out. Two-pass log rows: rows of the run's "
+            "`progress.csv` whose `two_pass` is 1, out of those that have the key "
+            "(imitation's trainer logs none).",
             "",
             table,
         ]
