@@ -722,7 +722,8 @@ def write_report(
         "# Learning results: the package against imitation 1.0.1",
         "",
         f"Load average (1 min) at the start and end: {load[0]:.1f} and {load[1]:.1f}; "
-        f"the whole run took {seconds / 60:.0f} minutes.",
+        f"this command took {seconds / 60:.0f} minutes"
+        + (" (it ran no part: every part was reused)." if not args.ran else "."),
     ]
     if args.reused:
         parts += ["", "Taken from earlier runs (`--reuse`):", ""]
@@ -875,7 +876,7 @@ def _earlier_results(path: pathlib.Path, args: argparse.Namespace) -> Dict[str, 
         results["pong"] = dict(data=data, rows=pong_rows)
     n_rows = len(mlp) + len(pong_rows)
     return {
-        "made_by": f"the {n_rows} rows printed in {path.name} (a run's output)",
+        "made_by": f"{n_rows} row(s) printed in {path.name} (a run's output)",
         "results": results,
     }
 
@@ -919,6 +920,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         with _workdir() as workdir:
             pong = run_pong(args, workdir)
     args.reused = reused
+    args.ran = bool(parts)
     write_report(
         out_dir,
         args,
