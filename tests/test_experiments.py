@@ -178,6 +178,7 @@ def test_every_script_is_tested_and_uses_docs_results():
         "gpu_bench.py",  # tests/test_gpu_bench.py
         "gpu_check.sh",
         "imitation_tests.py",
+        "learning_results.py",  # tests/test_learning_results.py
         "parity.py",
         "thread_threshold.py",
         "two_pass_drift.py",  # tests/test_two_pass_drift.py
