@@ -388,6 +388,43 @@ def report(results: List[Dict[str, Any]], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+# imitation #506's batch: 30 pairs of two 100-frame fragments (6,000 transitions).
+ISSUE_506_TRANSITIONS = 30 * 2 * 100
+
+
+def issue_506_points(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The batch of imitation #506 for the plot: measured if run, else computed.
+
+    With the ``issue-506`` point run, its probe's estimate for the whole batch in
+    one chunk and its measured step peak under the budget; without it, the bytes
+    autograd saves per transition (the minibatch series' probe) times the batch's
+    6,000 transitions.
+    """
+    runs = [r for r in results if r["series"] == "issue-506"]
+    if runs:
+        run = runs[0]
+        return [
+            {
+                "x": ISSUE_506_TRANSITIONS,
+                "bytes": run["whole_batch_estimate_bytes"],
+                "label": "#506's batch in one chunk (probe estimate)",
+            },
+            {
+                "x": run["chunk_transitions"],
+                "bytes": run["peak_bytes"],
+                "label": "#506's batch, memory_budget=4GiB (measured step peak)",
+            },
+        ]
+    saved = results[0]["saved_per_transition"]
+    return [
+        {
+            "x": ISSUE_506_TRANSITIONS,
+            "bytes": saved * ISSUE_506_TRANSITIONS,
+            "label": "#506's batch in one chunk (computed: saved bytes x 6,000)",
+        }
+    ]
+
+
 def plot(results: List[Dict[str, Any]], path: Path, device: str, made_by: str) -> None:
     import matplotlib
 
@@ -399,23 +436,44 @@ def plot(results: List[Dict[str, Any]], path: Path, device: str, made_by: str) -
     budget = [r for r in results if r["series"] == "budget"]
     if not mini or not budget:
         return
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
     xs = [r["chunk_transitions"] for r in mini]
     left.plot(xs, [r["peak_bytes"] / 2**30 for r in mini], "o-", label="measured")
     estimates = [r["estimate_bytes"] / 2**30 for r in mini]
     left.plot(xs, estimates, "s--", label="estimate")
-    left.set_xlabel("chunk (transitions), one pass")
+    for r, x in zip(mini, xs):
+        left.annotate(
+            f"minibatch_size={r['trainer']['minibatch_size']}",
+            (x, r["peak_bytes"] / 2**30),
+            textcoords="offset points",
+            xytext=(4, -12),
+            fontsize=7,
+        )
+    for point, marker in zip(issue_506_points(results), ("*", "D")):
+        left.plot(
+            point["x"],
+            point["bytes"] / 2**30,
+            marker,
+            markersize=9,
+            label=point["label"],
+        )
+    left.set_xscale("log")
+    left.set_yscale("log")
+    left.set_xlabel("chunk (transitions), one pass; log scale")
     left.set_ylabel("step peak GiB" + what)
-    left.set_title("Peak memory against minibatch_size")
-    left.legend()
+    left.set_title(
+        f"Peak memory against minibatch_size ({mini[0]['length']}-frame fragments)",
+        fontsize=10,
+    )
+    left.legend(fontsize=7)
     bx = [r["budget_bytes"] / 2**30 for r in budget]
     peaks = [r["train_peak_bytes"] / 2**30 for r in budget]
     right.plot(bx, peaks, "o-", label="measured, whole train() call")
     right.plot(bx, bx, ":", color="gray", label="budget")
     right.set_xlabel("memory_budget (GiB)")
     right.set_ylabel("peak GiB" + what)
-    right.set_title("Peak memory against memory_budget")
-    right.legend()
+    right.set_title("Peak memory against memory_budget", fontsize=10)
+    right.legend(fontsize=7)
     fig.text(0.005, 0.005, made_by.replace("`", ""), fontsize=5, color="gray")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(path, dpi=110, metadata={"Description": made_by})
