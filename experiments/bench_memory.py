@@ -45,6 +45,7 @@ Writes ``memory[_cuda].{md,json,png}`` to ``--out-dir`` (default
 sizes, one budget, two passes, the default forward size) of 2 pairs of 2-frame
 fragments (unless ``--batch-pairs`` or ``--fragment-length`` say otherwise), two
 steps each; its figures mean little, and ``--check`` leaves out its time target.
+With ``--issue-506``, ``--quick`` runs that point at the quick sizes.
 ``--fewer-points`` keeps the sizes and leaves out some minibatch sizes and
 budgets.
 """
@@ -330,10 +331,16 @@ def summary(results: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 def report(results: List[Dict[str, Any]], args: argparse.Namespace) -> str:
     what = ", CUDA allocated" if args.device == "cuda" else ", RSS added"
+    # The series' batch; imitation #506's point names its own below.
+    batch = (
+        ""
+        if all(r["series"] == "issue-506" for r in results)
+        else f"{args.batch_pairs} pairs of two {args.fragment_length}-frame "
+        "fragments per batch, "
+    )
     lines = [
-        f"CnnRewardNet on {SHAPE[0]}x{SHAPE[1]}x{SHAPE[2]} frames, "
-        f"{args.batch_pairs} pairs of two {args.fragment_length}-frame fragments per "
-        f"batch, device {args.device}, {results[0]['threads']} threads.",
+        f"CnnRewardNet on {SHAPE[0]}x{SHAPE[1]}x{SHAPE[2]} frames, {batch}"
+        f"device {args.device}, {results[0]['threads']} threads.",
         "",
         f"| point | chunk (transitions) | call size | two-pass | step peak (GiB{what})"
         f" | step estimate (GiB) | train peak (GiB{what}) | budget (GiB) | s/step |",
@@ -375,7 +382,7 @@ def report(results: List[Dict[str, Any]], args: argparse.Namespace) -> str:
         if r["series"] == "issue-506":
             lines += [
                 "",
-                f"imitation #506 at real size ({r['batch_pairs']} pairs x 2 x "
+                f"imitation #506's batch ({r['batch_pairs']} pairs x 2 x "
                 f"{r['length']} frames, one batch): the probe estimates "
                 f"{gib(r['whole_batch_estimate_bytes'])} GiB for the whole batch in "
                 f"one chunk; with memory_budget='4GiB' one optimizer step took "
@@ -528,14 +535,19 @@ def main() -> None:
     wanted = set(args.series.split(",")) if args.series else set()
     specs = [spec for spec in points(args) if spec["series"] in wanted]
     if args.issue_506:
+        # --quick: the same point at the quick sizes, to check that it runs.
+        pairs, length = (
+            (args.batch_pairs, args.fragment_length) if args.quick else (30, 100)
+        )
         specs.append(
             {
                 "device": args.device,
-                "batch_pairs": 30,
-                "length": 100,
+                "batch_pairs": pairs,
+                "length": length,
                 "steps": 1,
                 "series": "issue-506",
-                "label": "imitation #506: 30 pairs x 2 x 100 frames, budget 4GiB",
+                "label": f"imitation #506: {pairs} pairs x 2 x {length} frames, "
+                "budget 4GiB",
                 "budget_bytes": 4 * 2**30,
                 "trainer": {"memory_budget": "4GiB"},
             }

@@ -179,6 +179,7 @@ def test_every_script_is_tested_and_uses_docs_results():
         "gpu_check.sh",
         "imitation_tests.py",
         "parity.py",
+        "run_all.py",  # tests/test_run_all.py
         "two_pass_drift.py",  # tests/test_two_pass_drift.py
     }
     assert HELPERS == ["_quiet_logger.py", "_results.py"]
@@ -247,6 +248,11 @@ def test_bench_reward_trainer(tmp_path):
     assert all(number(cell) > 0 for cell in row[2:9]), row
     assert re.match(r"\d+", row[9]) and re.fullmatch(r"\d+(/\d+)*", row[10]), row
     assert_made_by(text, "bench_reward_trainer.py")
+    rows_json = made_by_json(
+        tmp_path / "bench_reward_trainer.json", "bench_reward_trainer.py"
+    )
+    assert [(r["config"], r["mode"]) for r in rows_json] == [("mlp", "quiet")]
+    assert_png(tmp_path / "bench_reward_trainer.png", "bench_reward_trainer.py")
 
 
 def test_bench_forward_size(tmp_path):
