@@ -94,34 +94,34 @@ def _shown(path: Path) -> str:
 #: Every step, in the order they run. The timing steps come last, so that a run
 #: of everything measures them after the rest has finished.
 STEPS: Tuple[Step, ...] = (
-    Step("memory", "bench_memory.py", minutes=6),
+    Step("memory", "bench_memory.py", minutes=7),
     Step(
         "memory_issue506",
         "bench_memory.py",
         full=("--series=", "--issue-506", "--out", "{out}/memory_issue506"),
         quick=("--quick", "--series=", "--issue-506", "--out", "{out}/memory_issue506"),
         out_dir_option=False,
-        minutes=6,
+        minutes=7,
     ),
-    Step("parity", "parity.py", minutes=6),
+    Step("parity", "parity.py", ("--seeds", "3"), minutes=5),
     Step(
         "reward_trainer_memory",
         "bench_reward_trainer.py",
         ("--memory",),
         ("--memory", "--quick"),
-        minutes=3,
+        minutes=2,
     ),
-    Step("two_pass_drift", "two_pass_drift.py", minutes=4),
-    Step("frame_store_verify", "frame_store_verify.py", minutes=3),
+    Step("two_pass_drift", "two_pass_drift.py", ("--steps", "46"), minutes=1.5),
+    Step("frame_store_verify", "frame_store_verify.py", minutes=2),
     Step("checkpoint_cost", "bench_checkpoint_cost.py", minutes=4),
-    Step("rollout_reward", "bench_rollout_reward.py", ("--seeds", "2"), minutes=3),
+    Step("rollout_reward", "bench_rollout_reward.py", ("--seeds", "1"), minutes=1.5),
     Step("learning_results", "learning_results.py"),
     Step(
         "forward_size",
         "bench_forward_size.py",
         ("--busy", "--repeats", "1"),
         timing=True,
-        minutes=6,
+        minutes=8,
     ),
     Step(
         "reward_trainer",
