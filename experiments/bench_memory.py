@@ -45,6 +45,7 @@ Writes ``memory[_cuda].{md,json,png}`` to ``--out-dir`` (default
 sizes, one budget, two passes, the default forward size) of 2 pairs of 2-frame
 fragments (unless ``--batch-pairs`` or ``--fragment-length`` say otherwise), two
 steps each; its figures mean little, and ``--check`` leaves out its time target.
+With ``--issue-506``, ``--quick`` runs that point at the quick sizes.
 ``--fewer-points`` keeps the sizes and leaves out some minibatch sizes and
 budgets.
 """
@@ -330,10 +331,16 @@ def summary(results: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 def report(results: List[Dict[str, Any]], args: argparse.Namespace) -> str:
     what = ", CUDA allocated" if args.device == "cuda" else ", RSS added"
+    # The series' batch; imitation #506's point names its own below.
+    batch = (
+        ""
+        if all(r["series"] == "issue-506" for r in results)
+        else f"{args.batch_pairs} pairs of two {args.fragment_length}-frame "
+        "fragments per batch, "
+    )
     lines = [
-        f"CnnRewardNet on {SHAPE[0]}x{SHAPE[1]}x{SHAPE[2]} frames, "
-        f"{args.batch_pairs} pairs of two {args.fragment_length}-frame fragments per "
-        f"batch, device {args.device}, {results[0]['threads']} threads.",
+        f"CnnRewardNet on {SHAPE[0]}x{SHAPE[1]}x{SHAPE[2]} frames, {batch}"
+        f"device {args.device}, {results[0]['threads']} threads.",
         "",
         f"| point | chunk (transitions) | call size | two-pass | step peak (GiB{what})"
         f" | step estimate (GiB) | train peak (GiB{what}) | budget (GiB) | s/step |",
@@ -375,7 +382,7 @@ def report(results: List[Dict[str, Any]], args: argparse.Namespace) -> str:
         if r["series"] == "issue-506":
             lines += [
                 "",
-                f"imitation #506 at real size ({r['batch_pairs']} pairs x 2 x "
+                f"imitation #506's batch ({r['batch_pairs']} pairs x 2 x "
                 f"{r['length']} frames, one batch): the probe estimates "
                 f"{gib(r['whole_batch_estimate_bytes'])} GiB for the whole batch in "
                 f"one chunk; with memory_budget='4GiB' one optimizer step took "
@@ -386,6 +393,43 @@ def report(results: List[Dict[str, Any]], args: argparse.Namespace) -> str:
                 f"{gib(r['peak_bytes'])} GiB in the step.",
             ]
     return "\n".join(lines) + "\n"
+
+
+# imitation #506's batch: 30 pairs of two 100-frame fragments (6,000 transitions).
+ISSUE_506_TRANSITIONS = 30 * 2 * 100
+
+
+def issue_506_points(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The batch of imitation #506 for the plot: measured if run, else computed.
+
+    With the ``issue-506`` point run, its probe's estimate for the whole batch in
+    one chunk and its measured step peak under the budget; without it, the bytes
+    autograd saves per transition (the minibatch series' probe) times the batch's
+    6,000 transitions.
+    """
+    runs = [r for r in results if r["series"] == "issue-506"]
+    if runs:
+        run = runs[0]
+        return [
+            {
+                "x": ISSUE_506_TRANSITIONS,
+                "bytes": run["whole_batch_estimate_bytes"],
+                "label": "#506's batch in one chunk (probe estimate)",
+            },
+            {
+                "x": run["chunk_transitions"],
+                "bytes": run["peak_bytes"],
+                "label": "#506's batch, memory_budget=4GiB (measured step peak)",
+            },
+        ]
+    saved = results[0]["saved_per_transition"]
+    return [
+        {
+            "x": ISSUE_506_TRANSITIONS,
+            "bytes": saved * ISSUE_506_TRANSITIONS,
+            "label": "#506's batch in one chunk (computed: saved bytes x 6,000)",
+        }
+    ]
 
 
 def plot(results: List[Dict[str, Any]], path: Path, device: str, made_by: str) -> None:
@@ -399,23 +443,44 @@ def plot(results: List[Dict[str, Any]], path: Path, device: str, made_by: str) -
     budget = [r for r in results if r["series"] == "budget"]
     if not mini or not budget:
         return
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
     xs = [r["chunk_transitions"] for r in mini]
     left.plot(xs, [r["peak_bytes"] / 2**30 for r in mini], "o-", label="measured")
     estimates = [r["estimate_bytes"] / 2**30 for r in mini]
     left.plot(xs, estimates, "s--", label="estimate")
-    left.set_xlabel("chunk (transitions), one pass")
+    for r, x in zip(mini, xs):
+        left.annotate(
+            f"minibatch_size={r['trainer']['minibatch_size']}",
+            (x, r["peak_bytes"] / 2**30),
+            textcoords="offset points",
+            xytext=(4, -12),
+            fontsize=7,
+        )
+    for point, marker in zip(issue_506_points(results), ("*", "D")):
+        left.plot(
+            point["x"],
+            point["bytes"] / 2**30,
+            marker,
+            markersize=9,
+            label=point["label"],
+        )
+    left.set_xscale("log")
+    left.set_yscale("log")
+    left.set_xlabel("chunk (transitions), one pass; log scale")
     left.set_ylabel("step peak GiB" + what)
-    left.set_title("Peak memory against minibatch_size")
-    left.legend()
+    left.set_title(
+        f"Peak memory against minibatch_size ({mini[0]['length']}-frame fragments)",
+        fontsize=10,
+    )
+    left.legend(fontsize=7)
     bx = [r["budget_bytes"] / 2**30 for r in budget]
     peaks = [r["train_peak_bytes"] / 2**30 for r in budget]
     right.plot(bx, peaks, "o-", label="measured, whole train() call")
     right.plot(bx, bx, ":", color="gray", label="budget")
     right.set_xlabel("memory_budget (GiB)")
     right.set_ylabel("peak GiB" + what)
-    right.set_title("Peak memory against memory_budget")
-    right.legend()
+    right.set_title("Peak memory against memory_budget", fontsize=10)
+    right.legend(fontsize=7)
     fig.text(0.005, 0.005, made_by.replace("`", ""), fontsize=5, color="gray")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(path, dpi=110, metadata={"Description": made_by})
@@ -470,14 +535,19 @@ def main() -> None:
     wanted = set(args.series.split(",")) if args.series else set()
     specs = [spec for spec in points(args) if spec["series"] in wanted]
     if args.issue_506:
+        # --quick: the same point at the quick sizes, to check that it runs.
+        pairs, length = (
+            (args.batch_pairs, args.fragment_length) if args.quick else (30, 100)
+        )
         specs.append(
             {
                 "device": args.device,
-                "batch_pairs": 30,
-                "length": 100,
+                "batch_pairs": pairs,
+                "length": length,
                 "steps": 1,
                 "series": "issue-506",
-                "label": "imitation #506: 30 pairs x 2 x 100 frames, budget 4GiB",
+                "label": f"imitation #506: {pairs} pairs x 2 x {length} frames, "
+                "budget 4GiB",
                 "budget_bytes": 4 * 2**30,
                 "trainer": {"memory_budget": "4GiB"},
             }

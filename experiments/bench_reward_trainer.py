@@ -32,11 +32,13 @@ Usage::
 
 Tables go to ``--out-dir`` (default ``docs/results/``, the committed ones; with
 ``--quick``, ``output/experiments/``, which git ignores):
-``bench_reward_trainer.md``, ``bench_reward_trainer_memory.md``,
-``bench_reward_trainer_same_process.md``. ``--quick`` (with any of the three
-modes) checks that the script runs, in seconds: the ``mlp`` configuration alone,
-two epochs, one repeat; with ``--memory``, two points (batch 4, minibatch sizes 1
-and 2) of 8 pairs of 5-frame fragments, one epoch. Its figures mean little.
+``bench_reward_trainer.md`` (with its rows, ``bench_reward_trainer.json``, and a
+plot of each time per epoch over the floor's, ``bench_reward_trainer.png``),
+``bench_reward_trainer_memory.md``, ``bench_reward_trainer_same_process.md``.
+``--quick`` (with any of the three modes) checks that the script runs, in
+seconds: the ``mlp`` configuration alone, two epochs, one repeat; with
+``--memory``, two points (batch 4, minibatch sizes 1 and 2) of 8 pairs of
+5-frame fragments, one epoch. Its figures mean little.
 
 ``--same-process`` times this trainer and the bare loop in one process, at the
 same fixed forward sizes, interleaved, and writes
@@ -659,6 +661,7 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
         "peak RSS MiB (imitation / accum / floor / exact floor)",
     )
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     order = list(CONFIGS)
     for (config, mode), r in sorted(runs.items(), key=lambda r: order.index(r[0][0])):
         if not all(r.get(impl) for impl in IMPLS):
@@ -681,6 +684,32 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
         floor_sizes = "/".join(sorted({str(x["forward_size"]) for x in f + e}))
         loads = [x["load_average"] for x in i + a + f + e]
         first = _median([x["first_train_seconds"] for x in a])
+        rows.append(
+            {
+                "config": config,
+                "mode": mode,
+                "batch_size": a[0]["batch_size"],
+                "minibatch_size": a[0]["minibatch_size"],
+                "repeats": len(a),
+                "seconds_per_epoch": {
+                    "imitation": t_i,
+                    "accum": t_a,
+                    "floor": t_f,
+                    "exact_floor": t_e,
+                },
+                "imitation_over_accum": speedup,
+                "accum_over_floor": to_floor,
+                "accum_over_exact_floor": to_exact,
+                "accum_forward_size": accum_size,
+                "floor_forward_size": floor_sizes,
+                "load_average": {
+                    "median": _median(loads),
+                    "min": min(loads),
+                    "max": max(loads),
+                },
+                "first_train_seconds": first,
+            }
+        )
         lines.append(
             f"| {config} | {a[0]['batch_size']} / {a[0]['minibatch_size']} "
             f"| {t_i:.4g} | {t_a:.4g} | {t_f:.4g} | {t_e:.4g} "
@@ -727,6 +756,57 @@ def write_tables(runs, out_dir: Path, repeats: int) -> None:
         f"as its users do; commit {_results_commit()}.",
     ]
     write(out_dir / "bench_reward_trainer.md", lines)
+    made_by = _results.made_by()
+    (out_dir / "bench_reward_trainer.json").write_text(
+        json.dumps({"made_by": made_by, "results": rows}, indent=1) + "\n"
+    )
+    if rows:
+        plot_speed(rows, out_dir / "bench_reward_trainer.png", made_by)
+    print(f"wrote {out_dir / 'bench_reward_trainer'}.{{json,png}}")
+
+
+def plot_speed(rows, path: Path, made_by: str) -> None:
+    """Bars of each implementation's time per epoch over the floor's, per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    impls = (
+        ("imitation", "imitation 1.0.1"),
+        ("accum", "imitation-accum"),
+        ("exact_floor", "bare loop, mirrored calls (exact floor)"),
+        ("floor", "bare PyTorch loop (floor)"),
+    )
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.2))
+    width = 0.8 / len(impls)
+    for k, (impl, label) in enumerate(impls):
+        xs = [i + (k - (len(impls) - 1) / 2) * width for i in range(len(rows))]
+        ys = [
+            r["seconds_per_epoch"][impl] / r["seconds_per_epoch"]["floor"] for r in rows
+        ]
+        ax.bar(xs, ys, width, label=label)
+    ax.axhline(1, color="gray", linewidth=0.8, linestyle=":")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(
+        [
+            f"{r['config']} ({r['mode']})\nbatch {r['batch_size']} / "
+            f"minibatch {r['minibatch_size']}"
+            for r in rows
+        ],
+        fontsize=8,
+    )
+    ax.set_ylabel("time per epoch / bare loop's (log scale)")
+    ax.set_title(
+        "Reward-model training speed: imitation 1.0.1, imitation-accum, bare loops",
+        fontsize=10,
+    )
+    ax.legend(fontsize=7)
+    fig.text(0.005, 0.005, made_by.replace("`", ""), fontsize=5, color="gray")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path, dpi=110, metadata={"Description": made_by})
+    plt.close(fig)
 
 
 def _threads(points) -> str:

@@ -180,6 +180,7 @@ def test_every_script_is_tested_and_uses_docs_results():
         "imitation_tests.py",
         "learning_results.py",  # tests/test_learning_results.py
         "parity.py",
+        "run_all.py",  # tests/test_run_all.py
         "thread_threshold.py",
         "two_pass_drift.py",  # tests/test_two_pass_drift.py
     }
@@ -251,6 +252,11 @@ def test_bench_reward_trainer(tmp_path):
     assert re.fullmatch(r"\d+ \(\d+ threads?\)", row[9]), row  # the trainer's
     assert re.fullmatch(r"\d+(/\d+)* threads?", row[11]), row  # the floors'
     assert_made_by(text, "bench_reward_trainer.py")
+    rows_json = made_by_json(
+        tmp_path / "bench_reward_trainer.json", "bench_reward_trainer.py"
+    )
+    assert [(r["config"], r["mode"]) for r in rows_json] == [("mlp", "quiet")]
+    assert_png(tmp_path / "bench_reward_trainer.png", "bench_reward_trainer.py")
 
 
 @pytest.mark.expensive
