@@ -36,7 +36,7 @@ def test_bad_option_named_before_anything_is_built(monkeypatch, tmp_path):
             named_configs=["fast"],
             config_updates={
                 "algorithm_kwargs": {"acceleration": {"compile": "yes"}},
-                "demonstrations": {"path": str(tmp_path / "none")},
+                "demonstrations": {"n_expert_demos": 1},
             },
         )
 
