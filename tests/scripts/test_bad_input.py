@@ -174,6 +174,10 @@ def _checked_before_anything_ran(tmp_path):
         ),
         ({"query_schedule": "foo"}, r"query_schedule='foo' must be one of"),
         (
+            {"transition_oversampling": 0},
+            r"transition_oversampling must be a positive finite number, got 0",
+        ),
+        (
             {"gatherer_kwargs.foo": 1},
             r"gatherer_kwargs\.foo: SyntheticGatherer has no argument 'foo'",
         ),
@@ -393,3 +397,11 @@ def test_log_format_strs_as_a_tuple_is_taken_as_a_list():
         config_updates={"logging.log_format_strs": ("csv", "log")},
     )
     assert run.config["logging"]["log_format_strs"] == ["csv", "log"]
+
+
+@pytest.mark.parametrize("oversampling", [0.5, 1.5, 2])
+def test_fractional_transition_oversampling_passes_the_hook(oversampling):
+    # imitation takes a float here (fragments are drawn with replacement); the hook
+    # lets it through to building the environment, which the fixture refuses.
+    with pytest.raises(AssertionError, match="an environment was built"):
+        run_pc(transition_oversampling=oversampling)

@@ -157,7 +157,6 @@ _COUNTS = (
     "total_comparisons",
     "num_iterations",
     "fragment_length",
-    "transition_oversampling",
 )
 
 
@@ -178,6 +177,10 @@ def check_reward_trainer_kwargs(
     )
     config_checks.check_preference_model_kwargs(config["preference_model_kwargs"])
     config_checks.check_counts(config, _COUNTS)
+    # A float in imitation (fragments are drawn with replacement): 0.5 and 1.5 work.
+    _validation.finite_float(
+        "transition_oversampling", config["transition_oversampling"]
+    )
     for key in ("initial_comparison_frac", "exploration_frac"):
         _validation.probability(key, config[key])
     for key in _BOOLEANS:
