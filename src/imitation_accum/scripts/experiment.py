@@ -211,14 +211,17 @@ def user_alternatives_win(
 
 
 def derive(
-    imitation_experiment: sacred.Experiment, doc: Optional[str] = None
+    imitation_experiment: sacred.Experiment,
+    doc: Optional[str] = None,
+    run_directories: bool = True,
 ) -> PatchedExperiment:
     """A :class:`PatchedExperiment` copy of one of imitation's experiments.
 
     Same name, ingredients, configs, hooks and commands (``doc``: its ``--help``);
-    what is added to it later leaves imitation's experiment as it is. A training
-    command's run directory is locked, and refused if it holds an earlier run that
-    ``resume_from`` does not continue, before the sacred record begins.
+    what is added to it later leaves imitation's experiment as it is. With
+    ``run_directories`` (an experiment with imitation's ``logging`` ingredient), a
+    training command's run directory is locked, and refused if it holds an earlier
+    run that ``resume_from`` does not continue, before the sacred record begins.
     """
     ex = PatchedExperiment(
         str(imitation_experiment.path), ingredients=imitation_experiment.ingredients
@@ -233,6 +236,8 @@ def derive(
     for name, command in imitation_experiment.commands.items():
         ex.commands.setdefault(name, command)
     ex.default_command = imitation_experiment.default_command
+    if not run_directories:
+        return ex
     ex.records_after_checks = True
     sacred_commands = set(sacred.Experiment("commands").commands)
     training = set(imitation_experiment.commands) - sacred_commands
