@@ -296,13 +296,27 @@ def main_console(ex: sacred.Experiment, observe: bool = True) -> None:
     if observe:
         root = pathlib.Path.cwd() / "output" / "sacred" / str(ex.path)
         ex.observers.append(record_observer(ex, root))
-    workers_ignore_ctrl_c()
+    if runs_main_or_own_command(sys.argv):
+        workers_ignore_ctrl_c()
     try:
         ex.run_commandline()
     except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue
         print(interrupted_line(ex, sys.argv), file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
     exit_if_stopped()
+
+
+def runs_main_or_own_command(argv: Sequence[str]) -> bool:
+    """Whether a command line runs the experiment (not sacred's or help).
+
+    ``print_config``, ``print_named_configs`` and sacred's other commands, and
+    ``--help``, start no environment worker, so no forkserver either.
+    """
+    words = [str(word) for word in argv[1:]]
+    before_updates = words[: words.index("with")] if "with" in words else words
+    if "-h" in before_updates or "--help" in before_updates:
+        return False
+    return not (words and words[0] in sacred.Experiment("commands").commands)
 
 
 def workers_ignore_ctrl_c() -> None:
