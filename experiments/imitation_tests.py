@@ -36,6 +36,7 @@ table comes from the first command with ray installed (``pip install
 
 import argparse
 import contextlib
+import functools
 import importlib.metadata
 import os
 import subprocess
@@ -231,6 +232,32 @@ def stand_in_ray() -> None:
     sys.modules["ray.tune"].search = sys.modules["ray.tune.search"]  # type: ignore[attr-defined]
 
 
+def experts_in_ray_workers() -> None:
+    """Has ``ray.init`` give every Ray worker :func:`use_local_experts` too.
+
+    imitation's parallel tests run their trials in Ray workers, which this plugin
+    does not reach; an adversarial trial there generates demonstrations from the
+    CartPole expert. ``ray.init`` gets a worker setup hook (Ray's
+    ``runtime_env``) that answers the hub's loader there as here.
+    """
+    import ray
+
+    init = ray.init
+
+    @functools.wraps(init)
+    def init_with_experts(*args: Any, **kwargs: Any) -> Any:
+        runtime_env = dict(kwargs.get("runtime_env") or {})
+        runtime_env.setdefault("worker_process_setup_hook", f"{__name__}.setup_worker")
+        return init(*args, **{**kwargs, "runtime_env": runtime_env})
+
+    ray.init = init_with_experts
+
+
+def setup_worker() -> None:
+    """A Ray worker's setup hook: the hub's loader answered as in the tests."""
+    use_local_experts(Path(os.environ[CACHE_ENV]))
+
+
 # The pytest plugin ------------------------------------------------------------
 
 
@@ -240,9 +267,12 @@ def pytest_addoption(parser: Any) -> None:
 
 
 def pytest_configure(config: Any) -> None:
-    """Redirects the two experts, stands in for ray, and patches if asked."""
+    """Local experts (in Ray workers too), a stand-in ray if missing, patch()."""
     use_local_experts(Path(os.environ[CACHE_ENV]))
-    stand_in_ray()
+    if ray_version() is None:
+        stand_in_ray()
+    else:
+        experts_in_ray_workers()
     if config.getoption("--accum-patch"):
         import imitation_accum
 

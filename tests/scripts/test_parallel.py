@@ -80,37 +80,33 @@ def test_a_patching_trial_patches_its_process_before_the_trainable_runs():
     assert calls == [({"config_updates": {}}, "reporter", True)]
 
 
-@pytest.mark.parametrize("imported", ["before", "after"])
-def test_patch_reaches_imitation_parallel_imported_before_or_after(imported):
+def test_patch_reaches_imitation_parallel_imported_before_or_after():
     output = run_python(
-        f"""
+        """
+        import importlib
+        import sys
         import imitation_accum
-        if {imported == "before"}:
-            from imitation.scripts import parallel
+
+        def factory():
+            return sys.modules["imitation.scripts.parallel"]._ray_tune_sacred_wrapper
+
+        def patching(wrapper):
+            return wrapper.__code__.co_filename.endswith("patching.py")
+
         imitation_accum.patch()
-        from imitation.scripts import parallel
-        import importlib, inspect
-        wrapped = parallel._ray_tune_sacred_wrapper
-        assert wrapped.__code__.co_filename.endswith("patching.py"), wrapped
-        original = wrapped.__wrapped__
+        from imitation.scripts import parallel  # imported after patching
+        assert patching(factory()), factory()
+        original = factory().__wrapped__
         assert original.__code__.co_filename == parallel.__file__
         imitation_accum.unpatch()
-        assert parallel._ray_tune_sacred_wrapper is original
-        print("ok")
-        """
-    )
-    assert output.strip() == "ok"
-
-
-def test_unpatched_imitation_parallel_is_imitation_s():
-    output = run_python(
-        """
-        import imitation_accum
-        imitation_accum.patch()
+        assert factory() is original
+        imitation_accum.patch()  # imported before patching
+        assert patching(factory()) and factory().__wrapped__ is original
         imitation_accum.unpatch()
-        from imitation.scripts import parallel
-        wrapped = parallel._ray_tune_sacred_wrapper
-        assert wrapped.__code__.co_filename == parallel.__file__, wrapped
+        assert factory() is original
+        del sys.modules["imitation.scripts.parallel"]
+        parallel = importlib.import_module(parallel.__name__)  # again, unpatched
+        assert factory().__code__.co_filename == parallel.__file__, factory()
         print("ok")
         """
     )
@@ -241,6 +237,7 @@ def test_sweep_over_minibatch_size_trains_with_this_package_trainer(tmp_path):
                 "logging.log_format_strs": ["csv"],
             },
             "search_space": {"config_updates": {"reward_trainer_kwargs": search}},
+            "tune_run_kwargs": {"storage_path": str(tmp_path / "ray_results")},
             **ONE_CPU,
         }
     )
@@ -267,6 +264,7 @@ def test_imitation_parallel_under_patch_trains_with_this_package_trainer(tmp_pat
                     "logging.log_format_strs": ["csv"],
                 },
                 "search_space": {"config_updates": {"reward_trainer_kwargs": trainer}},
+                "tune_run_kwargs": {"storage_path": str(tmp_path / "ray_results")},
                 **ONE_CPU,
             }
         )
