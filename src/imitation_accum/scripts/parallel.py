@@ -43,6 +43,17 @@ except ModuleNotFoundError as error:  # imitation's script imports ray
 parallel_ex = experiment.derive(
     imitation_parallel.parallel_ex, doc=__doc__, run_directories=False
 )
+# Passed whole to Ray and to the trials' experiments, which check them: sacred's
+# "Added new config entry" warnings for their entries are dropped.
+parallel_ex.own_sections.extend(
+    [
+        "base_config_updates",
+        "search_space",
+        "init_kwargs",
+        "resources_per_trial",
+        "tune_run_kwargs",
+    ]
+)
 #: imitation's experiments that a trial runs as this package's experiment of the
 #: same name (``<name>_ex`` in ``imitation_accum.scripts.<name>``).
 EXPERIMENTS = ("train_preference_comparisons", "train_adversarial")
