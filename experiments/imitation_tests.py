@@ -168,6 +168,7 @@ def warm_caches(imitation: Path, cache_dir: Path) -> None:
         expert_path(cache_dir, repo_id)
     if (imitation / "tests" / "algorithms" / "conftest.py").is_file():
         import numpy as np
+        import seals  # noqa: F401  (registers seals/CartPole-v0; training did)
         from imitation.testing import expert_trajectories
 
         folder, env_id, count = EXPERT_TRAJECTORIES
