@@ -2,11 +2,13 @@
 
 imitation's source distribution holds its tests; this runs, offline, its test
 modules for preference comparisons and adversarial training and the
-preference-comparison, adversarial and reward-loading tests of its scripts'
-module, twice, each in a fresh pytest process: upstream (imitation's classes)
-and patched (``imitation_accum.patch()`` applied for the whole session). It
-writes one table: per module, the counts of each outcome in both runs, and
-every test that passes upstream but not patched.
+preference-comparison, adversarial, reward-loading and, where Ray is installed
+(``pip install 'imitation-accum[ray]'``), parallel (Ray Tune) tests of its
+scripts' module, twice, each in a fresh pytest process: upstream (imitation's
+classes) and patched (``imitation_accum.patch()`` applied for the whole session,
+and so in every Ray worker that runs a trial). It writes one table: per module,
+the counts of each outcome in both runs, and every test that passes upstream but
+not patched.
 
 The tests' fixtures load two expert policies from the HuggingFace model hub,
 which this machine cannot reach. This file is also the pytest plugin of both
@@ -24,13 +26,18 @@ Usage::
     tar xzf /tmp/sdist/imitation-1.0.1.tar.gz -C /tmp/sdist
     python experiments/imitation_tests.py --imitation /tmp/sdist/imitation-1.0.1
     python experiments/imitation_tests.py --imitation DIR --quick   # a few tests
+    python experiments/imitation_tests.py --imitation DIR --parallel-only  # Ray's
 
 It writes ``imitation_tests.md`` to ``--out-dir`` (default: ``docs/results/``, or
-``output/experiments/`` with ``--quick``).
+``output/experiments/`` with ``--quick`` or ``--parallel-only``). The committed
+table comes from the first command with ray installed (``pip install
+'imitation-accum[ray]'``), so that its scripts' row includes the parallel tests.
 """
 
 import argparse
 import contextlib
+import functools
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -38,21 +45,22 @@ import tempfile
 import time
 import types
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 from xml.etree import ElementTree
 
 import _results
 
 EXPERIMENTS = Path(__file__).resolve().parent
 #: Test modules of imitation's source tree, with the ``-k`` selection run of each
-#: (``None``: all of it). Of the scripts' tests, ray's parallel ones are left
-#: out: they run the experiments in ray workers, which ``patch()`` never reaches.
+#: (``None``: all of it). Of the scripts' tests, the parallel ones (Ray Tune
+#: sweeps of the other scripts' experiments) run only where ray is installed
+#: (:func:`selections`).
 MODULES: Dict[str, Any] = {
     "tests/algorithms/test_preference_comparisons.py": None,
     "tests/algorithms/test_adversarial.py": None,
     "tests/scripts/test_scripts.py": (
-        "(preference_comparisons or adversarial or transfer_learning"
-        " or double_normalization or cnn_policy) and not parallel"
+        "preference_comparisons or adversarial or transfer_learning"
+        " or double_normalization or cnn_policy or test_parallel"
     ),
 }
 #: ``-k`` expression of the quick mode, which runs only the first two modules: a
@@ -160,6 +168,7 @@ def warm_caches(imitation: Path, cache_dir: Path) -> None:
         expert_path(cache_dir, repo_id)
     if (imitation / "tests" / "algorithms" / "conftest.py").is_file():
         import numpy as np
+        import seals  # noqa: F401  (registers seals/CartPole-v0; training did)
         from imitation.testing import expert_trajectories
 
         folder, env_id, count = EXPERT_TRAJECTORIES
@@ -168,11 +177,40 @@ def warm_caches(imitation: Path, cache_dir: Path) -> None:
         )
 
 
+def ray_version() -> Optional[str]:
+    """The installed ray's version, or ``None`` if ray is not installed."""
+    try:
+        return importlib.metadata.version("ray")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+#: The module holding imitation's parallel tests, and their ``-k`` selection.
+SCRIPTS = "tests/scripts/test_scripts.py"
+PARALLEL = "test_parallel"
+
+
+def selections(
+    modules: List[str], ray: Optional[str], parallel_only: bool = False
+) -> Dict[str, Optional[str]]:
+    """The ``-k`` selection of each of ``modules`` (:data:`MODULES`').
+
+    Without ray (``ray`` is ``None``) the tests that need it are left out; with
+    ``parallel_only`` only imitation's parallel tests run.
+    """
+    if parallel_only:
+        return {SCRIPTS: PARALLEL}
+    chosen = {module: MODULES[module] for module in modules}
+    if ray is None and chosen.get(SCRIPTS):
+        chosen[SCRIPTS] = f"({chosen[SCRIPTS]}) and not parallel"
+    return chosen
+
+
 def stand_in_ray() -> None:
     """Puts empty ``ray`` modules in ``sys.modules`` when ray is not installed.
 
     imitation's scripts' test module imports ``ray.tune`` (for its parallel
-    tests, deselected here) and ``imitation.scripts.parallel`` imports ray;
+    tests, deselected then) and ``imitation.scripts.parallel`` imports ray;
     without ray the whole module fails to collect. The stand-in's attributes are
     placeholders: anything that really uses ray fails.
     """
@@ -195,6 +233,32 @@ def stand_in_ray() -> None:
     sys.modules["ray.tune"].search = sys.modules["ray.tune.search"]  # type: ignore[attr-defined]
 
 
+def experts_in_ray_workers() -> None:
+    """Has ``ray.init`` give every Ray worker :func:`use_local_experts` too.
+
+    imitation's parallel tests run their trials in Ray workers, which this plugin
+    does not reach; an adversarial trial there generates demonstrations from the
+    CartPole expert. ``ray.init`` gets a worker setup hook (Ray's
+    ``runtime_env``) that answers the hub's loader there as here.
+    """
+    import ray
+
+    init = ray.init
+
+    @functools.wraps(init)
+    def init_with_experts(*args: Any, **kwargs: Any) -> Any:
+        runtime_env = dict(kwargs.get("runtime_env") or {})
+        runtime_env.setdefault("worker_process_setup_hook", f"{__name__}.setup_worker")
+        return init(*args, **{**kwargs, "runtime_env": runtime_env})
+
+    ray.init = init_with_experts
+
+
+def setup_worker() -> None:
+    """A Ray worker's setup hook: the hub's loader answered as in the tests."""
+    use_local_experts(Path(os.environ[CACHE_ENV]))
+
+
 # The pytest plugin ------------------------------------------------------------
 
 
@@ -204,9 +268,12 @@ def pytest_addoption(parser: Any) -> None:
 
 
 def pytest_configure(config: Any) -> None:
-    """Redirects the two experts, stands in for ray, and patches if asked."""
+    """Local experts (in Ray workers too), a stand-in ray if missing, patch()."""
     use_local_experts(Path(os.environ[CACHE_ENV]))
-    stand_in_ray()
+    if ray_version() is None:
+        stand_in_ray()
+    else:
+        experts_in_ray_workers()
     if config.getoption("--accum-patch"):
         import imitation_accum
 
@@ -217,9 +284,13 @@ def pytest_configure(config: Any) -> None:
 
 
 def command_line(
-    modules: List[str], patched: bool, quick: bool, cache_dir: Path, report: Path
+    chosen: Dict[str, Optional[str]],
+    patched: bool,
+    quick: bool,
+    cache_dir: Path,
+    report: Path,
 ) -> List[str]:
-    """The pytest command line of one run, with :data:`MODULES`' selections."""
+    """The pytest command line of one run: modules to ``-k`` selections."""
     command = [
         sys.executable,
         "-m",
@@ -235,15 +306,15 @@ def command_line(
     ]
     if patched:
         command.append("--accum-patch")
-    selections = [MODULES[module] for module in modules]
+    modules = list(chosen)
     if quick:
         return [*command, "-k", QUICK, *modules]
-    if all(selection is None for selection in selections):
+    if all(selection is None for selection in chosen.values()):
         return [*command, *modules]
     # One -k for all: each module's own selection, scoped by its file name.
     terms = [
         f"({Path(module).stem} and ({selection}))" if selection else Path(module).stem
-        for module, selection in zip(modules, selections)
+        for module, selection in chosen.items()
     ]
     return [*command, "-k", " or ".join(terms), *modules]
 
@@ -253,12 +324,12 @@ Outcomes = Dict[str, str]
 
 def run_both(
     imitation: Path,
-    modules: List[str],
+    chosen: Dict[str, Optional[str]],
     quick: bool,
     cache_dir: Path,
     parallel_envs: bool = False,
 ) -> Dict[str, Tuple[Outcomes, Outcomes, float]]:
-    """Runs ``modules`` upstream and patched, two pytest processes side by side.
+    """Runs ``chosen`` (module -> ``-k``) upstream and patched, side by side.
 
     Side by side because each is one process on one thread (imitation's conftest
     makes torch single-threaded): two halve the wall time on two cores.
@@ -287,7 +358,7 @@ def run_both(
         started = {}
         for mode in ("upstream", "patched"):
             report, log = Path(tmp) / f"{mode}.xml", Path(tmp) / f"{mode}.log"
-            command = command_line(modules, mode == "patched", quick, cache_dir, report)
+            command = command_line(chosen, mode == "patched", quick, cache_dir, report)
             process = subprocess.Popen(
                 command,
                 cwd=imitation,
@@ -359,6 +430,11 @@ def main() -> None:
     parser.add_argument("--imitation", type=Path, required=True, help="sdist root")
     parser.add_argument("--quick", action="store_true", help="a few tests only")
     parser.add_argument(
+        "--parallel-only",
+        action="store_true",
+        help=f"only test_scripts.py's {PARALLEL}* tests (Ray Tune sweeps; needs ray)",
+    )
+    parser.add_argument(
         "--cache-dir",
         type=Path,
         default=DEFAULT_CACHE_DIR,
@@ -371,24 +447,39 @@ def main() -> None:
     )
     _results.add_out_dir(parser)
     args = parser.parse_args()
+    if args.parallel_only and args.out_dir is None:  # a subset, as --quick
+        args.out_dir = _results.default_out_dir(quick=True)
     out_dir = _results.resolve_out_dir(args)
     if not (args.imitation / "tests").is_dir():
         parser.error(f"--imitation: {args.imitation} has no tests/ folder")
+    ray = ray_version()
+    if args.parallel_only and ray is None:
+        parser.error(
+            "--parallel-only: ray is not installed (pip install 'imitation-accum[ray]')"
+        )
     modules = [m for m in MODULES if (args.imitation / m).is_file()]
     if args.quick:
         modules = [m for m in modules if MODULES[m] is None]
+    if args.parallel_only:
+        modules = [m for m in modules if m == SCRIPTS]
     if not modules:
         parser.error(f"--imitation: {args.imitation} holds none of {list(MODULES)}")
+    if ray is None:
+        print(
+            f"ray is not installed: {SCRIPTS}'s parallel tests are left out "
+            "(pip install 'imitation-accum[ray]' runs them)",
+            file=sys.stderr,
+        )
+    chosen = selections(modules, ray, args.parallel_only)
     cache_dir = args.cache_dir.resolve()
     warm_caches(args.imitation.resolve(), cache_dir)
     runs = run_both(
-        args.imitation.resolve(), modules, args.quick, cache_dir, args.parallel_envs
+        args.imitation.resolve(), chosen, args.quick, cache_dir, args.parallel_envs
     )
     upstream, _, up_s = runs["upstream"]
     patched, reasons, patched_s = runs["patched"]
     rows: List[str] = []
-    for module in modules:
-        selection = MODULES[module]
+    for module, selection in chosen.items():
         shown = f"`{module}`" + (f" (`-k {selection}`)" if selection else "")
         cells = [
             counts({n: o for n, o in mode.items() if module_of(n, modules) == module})
@@ -404,8 +495,13 @@ def main() -> None:
         "# imitation 1.0.1's tests, upstream and under `imitation_accum.patch()`",
         "",
         "Offline; the two hub experts are local stand-ins trained by imitation's "
-        "`train_rl` (see `experiments/imitation_tests.py`); ray's parallel script "
-        "tests are left out (ray workers never see `patch()`)"
+        "`train_rl` (see `experiments/imitation_tests.py`); "
+        + (
+            f"imitation's parallel (Ray Tune) tests with ray {ray}, each trial's "
+            "Ray worker patched"
+            if ray
+            else "imitation's parallel (Ray Tune) tests left out: ray is not installed"
+        )
         + (
             "."
             if args.parallel_envs

@@ -14,6 +14,7 @@ on a small shared machine more only spin.
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -632,7 +633,7 @@ def test_transfer_learning():
 
 
 def test_parallel_train_adversarial_custom_env():
-    raise AssertionError("deselected: ray")
+    pass  # selected where ray is installed
 
 
 def test_train_bc_main():
@@ -662,7 +663,9 @@ def test_imitation_tests_counts_and_names_regressions(tmp_path):
     assert rows[0][1:] == ["2 / 0 / 1 / 0", "1 / 1 / 1 / 0"]
     assert rows[1][1:] == ["2 / 0 / 0 / 0", "2 / 0 / 0 / 0"]
     assert rows[2][0].startswith("`tests/scripts/test_scripts.py` (`-k ")
-    assert rows[2][1:] == ["2 / 0 / 0 / 0", "2 / 0 / 0 / 0"]
+    # imitation's parallel tests (Ray Tune) run only where ray is installed.
+    scripts = "3 / 0 / 0 / 0" if importlib.util.find_spec("ray") else "2 / 0 / 0 / 0"
+    assert rows[2][1:] == [scripts, scripts]
     assert "Tests that pass upstream but not patched: 1" in text
     assert "test_upstream_class`: failed" in text
     assert (cache / "pytest_cache").is_dir()

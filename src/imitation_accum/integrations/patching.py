@@ -8,7 +8,8 @@ without ``normalize_input_layer``; ``data.serialize.load`` keeps uint8 frames ui
 patched), and a pickle as imitation's class. A name imported from imitation before
 patching keeps imitation's object, except that ``load``. sacred's "Added new config
 entry" warnings for the entries of the ``rl_kwargs`` and ``reward.net_kwargs`` dicts
-are dropped.
+are dropped. Each trial of imitation's ``parallel`` script (Ray Tune) patches the Ray
+worker that runs it, whether the script is imported before or after patching.
 
 Example:
     >>> with imitation_accum.patched():  # doctest: +SKIP
@@ -21,10 +22,24 @@ Example:
 import contextlib
 import functools
 import importlib
+import importlib.abc
+import importlib.machinery
 import logging
 import pathlib
 import re
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+import sys
+import types
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from imitation.rewards import reward_nets
 
@@ -180,6 +195,95 @@ def _quiet_kwargs_entries() -> None:
     _undo.append(undo)
 
 
+# --- Ray Tune trials (imitation's parallel script) ----------------------------
+
+#: imitation's parallel script, which imports ray: patched when it is imported, so
+#: that patch() neither needs ray nor spends the seconds its import takes.
+_PARALLEL = "imitation.scripts.parallel"
+#: Its function building the trainable that each Ray Tune trial runs.
+_TRIALS: _Target = (_PARALLEL, "_ray_tune_sacred_wrapper")
+
+
+def patching_trials(make_trainable: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps imitation's ``_ray_tune_sacred_wrapper``: each trial patches its worker.
+
+    Each trial calls :func:`patch` in the process that runs it, a Ray worker on
+    this machine or on another node of a cluster, then imitation's trainable,
+    which runs the trial's sacred experiment there. The worker stays patched.
+
+    Args:
+        make_trainable: imitation's function (or one wrapping it): the trial's
+            experiment name, run name, base named configs and config updates in,
+            a Ray Tune function trainable ``(config, reporter)`` out.
+
+    Returns:
+        A function of the same arguments, giving the patching trainable.
+    """
+
+    @functools.wraps(make_trainable)
+    def make(*args: Any, **kwargs: Any) -> Callable[[Dict[str, Any], Any], Any]:
+        trainable = make_trainable(*args, **kwargs)
+
+        # imitation's trainable takes a Ray reporter and ignores it; current Ray
+        # calls a trainable with the config alone, so the reporter is optional.
+        def trial(config: Dict[str, Any], reporter: Any = None) -> Any:
+            patch()
+            return trainable(config, reporter)
+
+        return trial
+
+    return make
+
+
+def _patch_trials(module: types.ModuleType) -> None:
+    _originals[_TRIALS] = getattr(module, _TRIALS[1])
+    setattr(module, _TRIALS[1], patching_trials(_originals[_TRIALS]))
+
+
+class _PatchTrialsLoader(importlib.abc.Loader):
+    # Runs imitation's parallel script as its own loader would, then patches it.
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self._loader = loader
+
+    def create_module(
+        self, spec: importlib.machinery.ModuleSpec
+    ) -> Optional[types.ModuleType]:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self._loader.exec_module(module)
+        if is_patched():
+            _patch_trials(module)
+
+
+class _PatchTrialsOnImport(importlib.abc.MetaPathFinder):
+    # Finds imitation's parallel script as Python would, with the loader above
+    # (on sys.meta_path only while patched).
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Optional[Sequence[str]],
+        target: Optional[types.ModuleType] = None,
+    ) -> Optional[importlib.machinery.ModuleSpec]:
+        if fullname != _PARALLEL:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _PatchTrialsLoader(spec.loader)
+        return spec
+
+
+def _patch_ray_trials() -> None:
+    if _PARALLEL in sys.modules:
+        _patch_trials(sys.modules[_PARALLEL])
+        return
+    finder = _PatchTrialsOnImport()
+    sys.meta_path.insert(0, finder)
+    _undo.append(lambda: sys.meta_path.remove(finder))
+
+
 def is_patched() -> bool:
     """Whether imitation is patched now (between :func:`patch` and :func:`unpatch`)."""
     return bool(_originals)
@@ -210,6 +314,7 @@ def patch() -> None:
     )
     _undo.append(lambda: setattr(ImitationPreferenceDataset, "load", load))
     _quiet_kwargs_entries()
+    _patch_ray_trials()
 
 
 def unpatch() -> None:

@@ -211,14 +211,17 @@ def user_alternatives_win(
 
 
 def derive(
-    imitation_experiment: sacred.Experiment, doc: Optional[str] = None
+    imitation_experiment: sacred.Experiment,
+    doc: Optional[str] = None,
+    run_directories: bool = True,
 ) -> PatchedExperiment:
     """A :class:`PatchedExperiment` copy of one of imitation's experiments.
 
     Same name, ingredients, configs, hooks and commands (``doc``: its ``--help``);
-    what is added to it later leaves imitation's experiment as it is. A training
-    command's run directory is locked, and refused if it holds an earlier run that
-    ``resume_from`` does not continue, before the sacred record begins.
+    what is added to it later leaves imitation's experiment as it is. With
+    ``run_directories`` (an experiment with imitation's ``logging`` ingredient), a
+    training command's run directory is locked, and refused if it holds an earlier
+    run that ``resume_from`` does not continue, before the sacred record begins.
     """
     ex = PatchedExperiment(
         str(imitation_experiment.path), ingredients=imitation_experiment.ingredients
@@ -233,6 +236,8 @@ def derive(
     for name, command in imitation_experiment.commands.items():
         ex.commands.setdefault(name, command)
     ex.default_command = imitation_experiment.default_command
+    if not run_directories:
+        return ex
     ex.records_after_checks = True
     sacred_commands = set(sacred.Experiment("commands").commands)
     training = set(imitation_experiment.commands) - sacred_commands
@@ -291,13 +296,27 @@ def main_console(ex: sacred.Experiment, observe: bool = True) -> None:
     if observe:
         root = pathlib.Path.cwd() / "output" / "sacred" / str(ex.path)
         ex.observers.append(record_observer(ex, root))
-    workers_ignore_ctrl_c()
+    if runs_main_or_own_command(sys.argv):
+        workers_ignore_ctrl_c()
     try:
         ex.run_commandline()
     except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue
         print(interrupted_line(ex, sys.argv), file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
     exit_if_stopped()
+
+
+def runs_main_or_own_command(argv: Sequence[str]) -> bool:
+    """Whether a command line runs the experiment (not sacred's or help).
+
+    ``print_config``, ``print_named_configs`` and sacred's other commands, and
+    ``--help``, start no environment worker, so no forkserver either.
+    """
+    words = [str(word) for word in argv[1:]]
+    before_updates = words[: words.index("with")] if "with" in words else words
+    if "-h" in before_updates or "--help" in before_updates:
+        return False
+    return not (words and words[0] in sacred.Experiment("commands").commands)
 
 
 def workers_ignore_ctrl_c() -> None:
