@@ -303,8 +303,12 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                 :func:`~imitation_accum.preference.dataset_checks.check_dataset`).
         """
         self._check_dataset(dataset)
-        options = None if self._for_ensembles else self.acceleration  # per member
-        with acceleration_options.maybe_applied(options, self._preference_model.model):
+        net = self._preference_model.model
+        with (  # an ensemble's members apply the options to their own nets
+            contextlib.nullcontext()
+            if self._for_ensembles
+            else self.acceleration.applied(net)
+        ):
             super().train(dataset, epoch_multiplier)
 
     def _check_dataset(self, dataset: data_th.Dataset) -> None:
