@@ -122,8 +122,6 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         >>> trainer.train(dataset)  # doctest: +SKIP
     """
 
-    _for_ensembles = False
-
     def __init__(
         self,
         preference_model: pc.PreferenceModel,
@@ -148,7 +146,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         two_pass: Optional[bool] = None,
         acceleration: acceleration_options.AccelerationArg = None,
     ) -> None:
-        arguments.check_preference_model(preference_model, ensemble=self._for_ensembles)
+        arguments.check_preference_model(preference_model, ensemble=False)
         arguments.check_loss_and_rng(loss, rng)
         engine_arguments.optimizer_class("optimizer_cls", optimizer_cls)
         engine_arguments.check_logger("custom_logger", custom_logger)
@@ -213,13 +211,12 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         """The plan of the last step (``forward_size``, ``two_pass``, chunks)."""
         self.memory_profile: Optional[probe.ActivationProfile] = None
         """The memory probe's profile of the net, once one was needed."""
-        if not self._for_ensembles:
-            self._check_memory_options()
-            self._engine = self._make_engine()
-            self._engine.configure(
-                autocast_dtype=self.autocast_dtype,
-                activation_checkpointing=self.activation_checkpointing,
-            )
+        self._check_memory_options()
+        self._engine = self._make_engine()
+        self._engine.configure(
+            autocast_dtype=self.autocast_dtype,
+            activation_checkpointing=self.activation_checkpointing,
+        )
         self._task = pair_task.task_for(
             preference_model,
             stager=staging.Stager() if self.acceleration.pinned_staging else None,
@@ -303,12 +300,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                 :func:`~imitation_accum.preference.dataset_checks.check_dataset`).
         """
         self._check_dataset(dataset)
-        net = self._preference_model.model
-        with (  # an ensemble's members apply the options to their own nets
-            contextlib.nullcontext()
-            if self._for_ensembles
-            else self.acceleration.applied(net)
-        ):
+        with self.acceleration.applied(self._preference_model.model):
             super().train(dataset, epoch_multiplier)
 
     def _check_dataset(self, dataset: data_th.Dataset) -> None:
