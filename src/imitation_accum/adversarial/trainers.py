@@ -159,9 +159,11 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             return self.memory_profile
 
         def call(start: int, stop: int) -> th.Tensor:
-            rows, samples = [slice(0, stop - start)], (expert, generated)
-            some = [{k: v[start:stop] for k, v in s.items()} for s in samples]
-            (chunk,) = task.chunks(*some, rows, self._policy_log_probs(*some, rows))
+            rows = [slice(0, stop - start)]
+            some_expert = {key: value[start:stop] for key, value in expert.items()}
+            some_generated = {k: value[start:stop] for k, value in generated.items()}
+            log_probs = self._policy_log_probs(some_expert, some_generated, rows)
+            (chunk,) = task.chunks(some_expert, some_generated, rows, log_probs)
             return task.forward(chunk)
 
         obs_size = int(np.prod(self.venv.observation_space.shape or ()))

@@ -52,19 +52,20 @@ class EnsembleTrainer(pc.EnsembleTrainer):
         # multiple of minibatch_size; the members checked the arguments instead.
         pc.RewardTrainer.__init__(self, preference_model, first.logger)
         self.rng = first.rng
+        self._first_member = first
         self.member_trainers = [first] + [
             CrossEntropyRewardTrainer(
                 **{**given, "preference_model": member, "custom_logger": self.logger}
             )
             for member in members[1:]
-        ]
+        ]  # type: ignore[assignment]  # imitation types them BasicRewardTrainer
         # imitation's attributes of an ensemble trainer; its own optimizer and
         # regularizer step nothing (checkpoints keep them, as imitation has them).
         self.loss = settings["loss"]
         self.batch_size = settings["batch_size"]
         self.minibatch_size = settings["minibatch_size"]
         self.epochs = settings["epochs"]
-        self.optim = engine_arguments.make_optimizer(
+        self.optim = engine_arguments.make_optimizer(  # type: ignore[assignment]
             preference_model.parameters(),
             settings["optimizer_cls"],
             settings["optimizer_kwargs"],
@@ -86,7 +87,7 @@ class EnsembleTrainer(pc.EnsembleTrainer):
             ValueError: before any member trains, naming the pairs of ``dataset``
                 that do not fit the reward nets' spaces.
         """
-        self.member_trainers[0]._check_dataset(dataset)
+        self._first_member._check_dataset(dataset)
         super().train(dataset, epoch_multiplier)
 
 
