@@ -197,7 +197,7 @@ def run_point(spec: Dict[str, Any]) -> Dict[str, Any]:
         "chunk_transitions": largest,
         "forward_size": forward_size,
         "two_pass": bool(figures["two_pass"]),
-        "minibatches": int(figures["minibatches_per_step"]),
+        "minibatches": int(figures["chunks_per_step"]),
         "step_seconds": step_seconds,
         "train_seconds": seconds,
         "loss": figures["loss"],

@@ -18,7 +18,7 @@ from imitation.rewards.reward_nets import BasicRewardNet
 from imitation.util import logger as imit_logger
 
 from imitation_accum import Acceleration
-from imitation_accum.engine import acceleration, host_memory
+from imitation_accum.engine import host_memory
 from tests import reference as ref
 from tests.test_preference_exactness import make_trainer
 
@@ -124,9 +124,9 @@ def main():
         ("parameterless_net", th.nn.Module()),
         ("meta_net", BasicRewardNet(ref.OBS_SPACE, ref.ACT_SPACE).to("meta")),
     ]:
-        with acceleration.maybe_applied(Acceleration(), module):
+        with Acceleration().applied(module):
             out[f"applied_{name}"] = freed_memory_kept()
-        with acceleration.maybe_applied(Acceleration(reuse_host_memory=False), module):
+        with Acceleration(reuse_host_memory=False).applied(module):
             out[f"applied_opted_out_{name}"] = freed_memory_kept()
     if th.cuda.is_available():  # a net off the CPU: malloc left alone
         out["train_on_cuda"] = train_readings(device="cuda")[0]

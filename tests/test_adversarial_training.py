@@ -22,7 +22,7 @@ from imitation.util import networks
 from torch.nn import functional as F  # noqa: N812
 
 import imitation_accum
-from imitation_accum.engine import accumulator
+from imitation_accum.engine import acceleration, accumulator
 from imitation_accum.nets.shaped import CnnShapedRewardNet
 from tests import adversarial_setup as setup
 
@@ -80,7 +80,7 @@ def test_train_runs_with_accumulation(algo):
     trainer = classic_control_run(algo, seed=0)
     assert trainer._disc_step == 3 * trainer.n_disc_updates_per_round
     result = trainer.last_disc_result
-    assert result is not None and result.n_minibatches == 7
+    assert result is not None and result.n_chunks == 7
     assert np.isfinite(result.loss)
     norm_counts = [
         float(m.count)
@@ -91,6 +91,31 @@ def test_train_runs_with_accumulation(algo):
     # would; AIRL's potential sees both the observation and the next one.
     rows = 2 * trainer.demo_batch_size * trainer._disc_step
     assert norm_counts == ([rows] if algo == "GAIL" else [rows, 2 * rows])
+
+
+def test_acceleration_is_applied_once_per_round_of_discriminator_steps(monkeypatch):
+    entered = []
+    original = acceleration.Acceleration.applied
+
+    def counting(self, net):
+        entered.append(th.backends.cudnn.benchmark)
+        return original(self, net)
+
+    monkeypatch.setattr(acceleration.Acceleration, "applied", counting)
+    before = th.backends.cudnn.benchmark
+    trainer = classic_control_run(
+        "GAIL",
+        seed=0,
+        rounds=2,
+        n_disc_updates_per_round=3,
+        acceleration={"cudnn_benchmark": True},
+    )
+    assert trainer._disc_step == 6
+    # Entered at each round's first step, released before the next round's
+    # generator training: the option was off again each time.
+    assert entered == [before, before]
+    assert th.backends.cudnn.benchmark == before
+    assert "forward" not in vars(trainer._reward_net)
 
 
 def sgd_run(algo: str, minibatch: Optional[int]):
@@ -139,7 +164,7 @@ def test_per_minibatch_norm_updates_fail_the_same_comparison(algo, monkeypatch):
     monkeypatch.setattr(
         accumulator.GradientAccumulator,
         "_gather_norm_statistics",
-        lambda self, task, chunks, forward_size: None,
+        lambda self, task, chunks: None,
     )
     finals = {}
     for minibatch in (None, 5):

@@ -242,11 +242,7 @@ def trainer_with(engine_cls: type) -> type:
     class Trainer(distributed.DistributedRewardTrainer):
         def _make_engine(self):
             return engine_cls(
-                self._preference_model.model,
-                self.optim,
-                empty_forward=self._empty_forward,
-                regularizer=self.regularizer,
-                max_grad_norm=self.max_grad_norm,
+                self._preference_model.model, empty_forward=self._empty_forward
             )
 
     return Trainer

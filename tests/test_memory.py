@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch as th
 
-from imitation_accum import planning
 from imitation_accum.planning import budget, probe
+from imitation_accum.planning import plan as planning
 from imitation_accum.preference import pair_table
 from tests import reference as ref
 from tests.test_preference_exactness import TOL, make_net, make_trainer
@@ -176,7 +176,7 @@ def test_budget_sizes_chunks_in_transitions_and_stays_exact(
     logged = trainer.logger.name_to_value
     assert logged["reward/final/train/two_pass"] == two_pass
     assert logged["reward/final/train/chunk_transitions"] <= cap
-    assert logged["reward/final/train/minibatches_per_step"] == n_chunks
+    assert logged["reward/final/train/chunks_per_step"] == n_chunks
     pairs, prefs = ref.batch_of(dataset, range(5))
     expected = ref.grads_of(initial, lambda: ref.full_batch_loss(initial, pairs, prefs))
     assert ref.relative_error(ref.param_grads(net), expected) < TOL

@@ -149,17 +149,17 @@ def run_imitation_preference_comparisons(log_root, minibatch_size):
 
 def test_imitation_preference_experiment_under_patched(tmp_path):
     # imitation's own trainer rejects a minibatch size that does not divide the
-    # batch, and logs no minibatch count ...
+    # batch, and logs no chunk count ...
     with pytest.raises(ValueError, match="multiple of minibatch size"):
         run_imitation_preference_comparisons(tmp_path / "rejected", 3)
     run_imitation_preference_comparisons(tmp_path / "imitation", 2)
-    minibatch_key = "reward/final/train/minibatches_per_step"
-    assert minibatch_key not in progress_keys(tmp_path / "imitation")
+    chunks_key = "reward/final/train/chunks_per_step"
+    assert chunks_key not in progress_keys(tmp_path / "imitation")
     # ... this package's trainer, patched into imitation's experiment, takes it.
     with imitation_accum.patched():
         run = run_imitation_preference_comparisons(tmp_path / "accum", 3)
     assert run.status == "COMPLETED"
-    assert minibatch_key in progress_keys(tmp_path / "accum")
+    assert chunks_key in progress_keys(tmp_path / "accum")
 
 
 def test_imitation_adversarial_experiment_under_patched(tmp_path, monkeypatch):

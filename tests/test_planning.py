@@ -11,7 +11,7 @@ import pytest
 import torch as th
 from imitation.util import logger as imit_logger
 
-from imitation_accum import planning
+from imitation_accum.planning import plan as planning
 from imitation_accum.planning import probe
 from imitation_accum.preference import pair_table
 from tests import reference as ref
@@ -47,8 +47,8 @@ def test_cpu_calls_hold_what_fits_the_call_bytes(saved, transient, expected):
 def test_cuda_calls_span_the_chunk():
     assert profile_of("cuda", 1e9, 1e9).forward_size() is None
     policy = planning.StepPolicy(chunk_cap=7)
-    assert policy.call_size(20) == 7  # the memory cap bounds a whole-chunk call
-    assert planning.StepPolicy().call_size(20) == 20
+    assert policy.forward_size_within(20) == 7  # the memory cap bounds a whole call
+    assert planning.StepPolicy().forward_size_within(20) == 20
 
 
 def train_default(dataset, call_bytes, monkeypatch, **kwargs):

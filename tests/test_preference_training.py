@@ -42,9 +42,9 @@ def test_logged_figures_are_full_batch_and_equal_for_every_minibatch(rng):
         trainer = make_trainer(net, batch_size=4, minibatch_size=mb, forward_size=5)
         trainer.train(dataset)
         logged[mb] = final_values(trainer)
-        assert trainer.logger.name_to_value[
-            "reward/final/train/minibatches_per_step"
-        ] == (pytest.approx(np.mean([-(-n // (mb or 4)) for n in (4, 4, 2)])))
+        assert trainer.logger.name_to_value["reward/final/train/chunks_per_step"] == (
+            pytest.approx(np.mean([-(-n // (mb or 4)) for n in (4, 4, 2)]))
+        )
     for mb in (4, 3, 1):
         for key in LOGGED:
             assert logged[mb][key] == pytest.approx(logged[None][key], rel=1e-5), key
@@ -154,7 +154,7 @@ def test_steps_log_throughput_memory_and_chunking(rng, monkeypatch):
         assert rss_before <= peak <= rss_after
         assert raw[prefix + "forward_size"] == 5
         assert raw[prefix + "chunk_transitions"] == pytest.approx((24 + 24 + 16) / 3)
-        assert raw[prefix + "minibatches_per_step"] == pytest.approx((2 + 2 + 1) / 3)
+        assert raw[prefix + "chunks_per_step"] == pytest.approx((2 + 2 + 1) / 3)
         assert raw[prefix + "two_pass"] == 0
 
 

@@ -109,16 +109,16 @@ def test_staged_rows_gather_as_the_layout_does(rng, next_obs):
         f for i in range(3) for f in (dataset.fragments1[i], dataset.fragments2[i])
     ]
     layout = pair_table.FragmentLayout.of(frags)
-    stager = staging.RangeStager()
+    stager = staging.Stager()
     chunk = "chunk"
     offset = 4
+    ranges = [(layout, offset, layout.n_transitions)]
     stager.schedule(
         [chunk],
-        lambda c: [(layout, offset, layout.n_transitions)],
+        lambda c: staging.range_arrays(ranges, next_obs=next_obs),
         th.device("cpu"),
-        next_obs=next_obs,
     )
-    (rows,) = stager.fetch(chunk)
+    (rows,) = staging.staged_rows(ranges, stager.fetch(chunk))
     assert rows.n_transitions == layout.n_transitions
     for start, stop in [(4, 6), (5, 11), (offset, layout.n_transitions), (9, 10)]:
         staged = rows.gather(start, stop, next_obs=next_obs)
@@ -253,9 +253,9 @@ def test_batch_converted_once_splits_as_chunks_gathered_apart(
     for _ in range(8):
         local = rng.permutation(len(table))[:6]
         assert task.converted_batches.applies(table, local)
-        staged = task.converted_batches.chunks(table, local, item_chunks)
+        staged = task.converted_batches.chunks(table, local, item_chunks, 3)
         for chunk, items in zip(staged, item_chunks):
-            apart = task.make_chunk(table, local[items])
+            apart = task.make_chunk(table, local[items], 3)
             assert th.equal(chunk.preferences, apart.preferences)
             assert th.equal(chunk.prefers_first, apart.prefers_first)
             for side in (0, 1):

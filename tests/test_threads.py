@@ -23,6 +23,7 @@ from imitation_accum.planning import plan as planning
 from imitation_accum.planning import threads
 from tests import adversarial_setup as setup
 from tests import reference as ref
+from tests.test_memory_oom import OutOfMemoryAbove
 from tests.test_preference_exactness import make_net, make_trainer
 
 #: The caller's intra-op threads in these tests (taken for PyTorch's default).
@@ -207,34 +208,31 @@ def test_threads_come_back_after_a_failing_step(rng, policy_acts):
     assert seen == [1] and th.get_num_threads() == CALLER
 
 
-def test_run_step_sets_threads_per_try_and_restores(caller_threads):
-    policy = planning.StepPolicy(
-        threads=threads.ThreadPolicy(threads.CALL_BYTES_PER_THREAD, 0.0, cores=8)
+def test_a_redone_step_runs_at_its_new_plans_threads_and_restores(
+    monkeypatch, policy_acts
+):
+    eight_cores = threads.ThreadPolicy(threads.CALL_BYTES_PER_THREAD, 0.0, cores=8)
+    monkeypatch.setattr(
+        threads.ThreadPolicy, "of", classmethod(lambda cls, profile: eight_cores)
     )
+    th.manual_seed(0)
+    net = OutOfMemoryAbove(ref.OBS_SPACE, ref.ACT_SPACE, hid_sizes=(16,), limit=99)
+    trainer = make_trainer(net, batch_size=2, forward_size=100)
+    dataset = ref.make_dataset(np.random.default_rng(0), 2, (5, 3))
+    trainer.train(dataset)  # probes once (cached), at any size
     seen: List[int] = []
-
-    def step(plan: planning.StepPlan) -> int:
-        seen.append(th.get_num_threads())
-        if len(seen) == 1:
-            raise th.OutOfMemoryError("first try")
-        return plan.largest_call
-
-    lengths = np.full(4, 4)
-    _, plan, result = planning.run_step(
-        lengths, step, policy, device=th.device("cpu"), log=lambda line: None
-    )
-    # 16 transitions of one call get 8 threads; after the back-off, 8 get 8.
-    assert seen == [8, 8] and result == 8 and plan.chunk_transitions == (8, 8)
-    assert th.get_num_threads() == caller_threads
-
-    def broken(plan: planning.StepPlan) -> None:
-        raise ValueError("broken step")
-
-    with pytest.raises(ValueError, match="broken step"):
-        planning.run_step(
-            lengths, broken, policy, device=th.device("cpu"), log=lambda line: None
+    net.register_forward_pre_hook(
+        lambda module, args: (
+            seen.append(th.get_num_threads()) if th.is_grad_enabled() else None
         )
-    assert th.get_num_threads() == caller_threads
+    )
+    net.limit = 6
+    trainer.train(dataset)
+    # Calls of 10 (first sides) and 6 transitions: 8 threads, out of memory; redone
+    # in chunks of one pair, calls of 5 and 3 transitions: 5 threads.
+    assert net.raised == 1 and trainer.step_policy.chunk_cap == 8
+    assert seen == [8, 5, 5, 5, 5] and trainer.last_plan.threads == 5
+    assert th.get_num_threads() == CALLER
 
 
 def test_discriminator_steps_run_at_the_policy_threads_and_restore(rng, policy_acts):

@@ -93,7 +93,7 @@ def test_chunks_split_fragments_at_awkward_points(rng):
         initial, lambda: ref.full_batch_loss(initial, pairs, prefs, discount=0.9)
     )
     assert ref.relative_error(grads, expected) < TOL
-    assert trainer.logger.name_to_value["reward/final/train/minibatches_per_step"] == (
+    assert trainer.logger.name_to_value["reward/final/train/chunks_per_step"] == (
         -(-total // chunk)
     )
 

@@ -35,7 +35,7 @@ def test_fast_trains_with_this_package_trainer(tmp_path):
     # Only this package's trainer logs minibatches per step: 5 pairs in batches of
     # 4 (two minibatches of 2) and 1 (one minibatch).
     final = rows[-1]
-    assert final["reward/final/train/minibatches_per_step"] == pytest.approx(1.5)
+    assert final["reward/final/train/chunks_per_step"] == pytest.approx(1.5)
 
 
 def test_trainer_arguments_are_config_keys(tmp_path):
@@ -54,7 +54,7 @@ def test_trainer_arguments_are_config_keys(tmp_path):
     )
     rows = helpers.progress(run)
     # 5 pairs in batches of 2, 2 and 1, one pair per minibatch.
-    assert rows[-1]["reward/final/train/minibatches_per_step"] == pytest.approx(5 / 3)
+    assert rows[-1]["reward/final/train/chunks_per_step"] == pytest.approx(5 / 3)
     assert rows[-1]["reward/final/train/forward_size"] == 4
 
 

@@ -4,10 +4,7 @@ import dataclasses
 import inspect
 from typing import Any, Mapping, Optional
 
-import gymnasium as gym
-import torch as th
 from imitation.algorithms.adversarial import common
-from stable_baselines3.common import preprocessing
 
 from imitation_accum import _validation
 from imitation_accum.engine import acceleration as acceleration_options
@@ -163,25 +160,3 @@ def check_max_grad_norm(value: object, prefix: str = "") -> Optional[float]:
     if value is None:
         return None
     return _validation.positive_finite_float(f"{prefix}max_grad_norm", value)
-
-
-def policy_observations(obs: th.Tensor, space: gym.Space) -> th.Tensor:
-    """``obs`` (environment layout), channels-first if the policy's ``space`` is.
-
-    SB3 wraps a CNN policy's environment in ``VecTransposeImage``: the policy reads
-    channels-first frames, the environment and the data hold channels-last ones.
-
-    Raises:
-        ValueError: if the observations fit the policy in neither layout.
-    """
-    shape = tuple(space.shape or ())
-    if tuple(obs.shape[1:]) == shape:
-        return obs
-    if obs.ndim == 4 and preprocessing.is_image_space(space):
-        transposed = obs.permute(0, 3, 1, 2)
-        if tuple(transposed.shape[1:]) == shape:
-            return transposed
-    raise ValueError(
-        f"observations of shape {tuple(obs.shape[1:])} do not fit the generator "
-        f"policy's observation space {shape}, even with channels moved first",
-    )

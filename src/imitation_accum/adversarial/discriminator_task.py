@@ -82,23 +82,32 @@ def step_arrays(
         )
     for name, fields in arrays:
         for key in ("obs", "next_obs"):
-            fields[key] = _in_env_layout(f"{name}[{key!r}]", fields[key], obs_shape)
+            fields[key] = in_layout(f"{name}[{key!r}]", fields[key], obs_shape)
     return arrays[0][1], arrays[1][1]
 
 
-def _in_env_layout(
-    name: str, obs: np.ndarray, obs_shape: Tuple[int, ...]
+def in_layout(
+    name: str,
+    obs: np.ndarray,
+    obs_shape: Tuple[int, ...],
+    whose: str = "the environment's",
 ) -> np.ndarray:
-    # Frames moved (as a view) to the environment's channel layout if that makes
-    # them fit: frames recorded behind SB3's VecTransposeImage are channels-first,
-    # gymnasium's image environments and the generator replay buffer channels-last.
+    """``obs`` as is, or a view of it with the channels moved to fit ``obs_shape``.
+
+    Frames recorded behind SB3's ``VecTransposeImage`` (and a CNN policy's input) are
+    channels-first; gymnasium's image environments and the replay buffer's are
+    channels-last.
+
+    Raises:
+        ValueError: naming ``name``, if ``obs`` fits in neither layout.
+    """
     moves = ((0, 2, 3, 1), (0, 3, 1, 2)) if obs.ndim == 4 else ()
     for moved in (obs, *(np.transpose(obs, axes) for axes in moves)):
         if tuple(moved.shape[1:]) == tuple(obs_shape):
             return moved
     raise ValueError(
-        f"{name} has observations of shape {tuple(obs.shape[1:])}, but the "
-        f"environment's are {tuple(obs_shape)} (frames may come channels-first or "
+        f"{name} has observations of shape {tuple(obs.shape[1:])}, but "
+        f"{whose} are {tuple(obs_shape)} (frames may come channels-first or "
         "channels-last)",
     )
 
@@ -121,10 +130,6 @@ class DiscriminatorChunk:
         """The chunk's ``keys`` fields on the host, expert rows first."""
         return [self.fields[key][self.start : self.stop] for key in keys]
 
-    def raw(self, device: th.device, keys: Sequence[str]) -> List[th.Tensor]:
-        """The chunk's ``keys`` fields on ``device``, expert rows first."""
-        return [t.to(device, non_blocking=True) for t in self.host(keys)]
-
 
 class DiscriminatorTask:
     """Chunks of a discriminator step, their forward and their loss.
@@ -134,8 +139,6 @@ class DiscriminatorTask:
         preprocessing_net: The reward net whose ``preprocess`` prepares the inputs.
         forward_net: The net ``logits_fn`` calls, if not ``preprocessing_net``;
             next observations it ignores are not staged (see ``InputPreparer``).
-        log_probs: Computes a chunk's ``log_policy_act_prob`` (AIRL); ``None``
-            leaves them ``None`` (GAIL).
         stager: Moves each chunk's inputs to the device a chunk ahead, if given.
         pin_memory: Stage into page-locked memory (asynchronous copies to CUDA).
     """
@@ -148,7 +151,6 @@ class DiscriminatorTask:
         preprocessing_net: reward_nets.RewardNet,
         forward_net: Optional[nn.Module] = None,
         *,
-        log_probs: Optional[Callable[[DiscriminatorChunk], Optional[th.Tensor]]],
         stager: Optional[staging.Stager[DiscriminatorChunk]] = None,
         pin_memory: bool = False,
     ) -> None:
@@ -158,7 +160,6 @@ class DiscriminatorTask:
         self.keys = (
             FIELDS if self.prepare.reads_next_state else ("obs", "acts", "dones")
         )
-        self.log_probs = log_probs
         self.stager = stager
         self.pin_memory = pin_memory
 
@@ -167,10 +168,13 @@ class DiscriminatorTask:
         expert: Mapping[str, np.ndarray],
         generated: Mapping[str, np.ndarray],
         rows: Sequence[slice],
+        log_probs: Optional[Sequence[th.Tensor]] = None,
     ) -> List[DiscriminatorChunk]:
         """One chunk per slice of ``rows`` (of both ``expert`` and ``generated``).
 
-        The chunks are staged in that order, in one host copy.
+        The chunks are staged in that order, in one host copy. ``log_probs``: per
+        slice, the generator policy's log-probabilities of its expert actions, then
+        of its generator ones (AIRL reads them; ``None`` for GAIL).
         """
         fields = {}
         for key in self.keys:
@@ -182,29 +186,25 @@ class DiscriminatorTask:
             parts = [part for r in rows for part in (a[r], b[r])]
             np.concatenate(parts, out=fields[key].numpy())
         chunks, offset = [], 0
-        for r in rows:
+        for k, r in enumerate(rows):
             n = r.stop - r.start
             labels = (th.arange(2 * n, device=self.device) < n).float()
             chunk = DiscriminatorChunk(fields, offset, offset + 2 * n, labels)
-            if self.log_probs is not None:
-                chunk.log_policy_act_prob = self.log_probs(chunk)
+            chunk.log_policy_act_prob = None if log_probs is None else log_probs[k]
             chunks.append(chunk)
             offset += 2 * n
         if self.stager is not None:
             self.stager.schedule(chunks, lambda c: c.host(self.keys), self.device)
         return chunks
 
-    def forward(self, chunk: DiscriminatorChunk, forward_size: int) -> th.Tensor:
+    def forward(self, chunk: DiscriminatorChunk) -> th.Tensor:
         """One logit per transition of ``chunk``, expert rows first, in one call.
-
-        ``forward_size`` is unused: the planner plans a chunk as one call.
 
         Raises:
             ValueError: if the discriminator returns another shape.
         """
-        del forward_size
         if self.stager is None:
-            raw = chunk.raw(self.device, self.keys)
+            raw = [t.to(self.device, non_blocking=True) for t in chunk.host(self.keys)]
         else:
             raw = cast(List[th.Tensor], self.stager.fetch(chunk))
         next_obs = raw.pop(2) if self.prepare.reads_next_state else None

@@ -3,7 +3,17 @@
 The generator (``train_gen``) is imitation's.
 """
 
-from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
+import contextlib
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 import numpy as np
 import torch as th
@@ -20,13 +30,12 @@ from imitation_accum.adversarial import discriminator_task
 from imitation_accum.adversarial.arguments import (
     check_arguments,
     check_max_grad_norm,
-    policy_observations,
 )
 from imitation_accum.engine import acceleration as acceleration_options
 from imitation_accum.engine import staging
-from imitation_accum.engine.accumulator import GradientAccumulator, StepResult
+from imitation_accum.engine.accumulator import GradientAccumulator, StepResult, Update
 from imitation_accum.planning import budget, probe, threads
-from imitation_accum.planning.plan import StepPlan, StepPolicy, run_step
+from imitation_accum.planning.plan import StepPolicy, plan_step
 
 _ROW = "row (an expert and a generator transition)"
 
@@ -64,8 +73,10 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             a batch-norm layer in the reward net (not accumulable exactly).
     """
 
-    #: Whether the discriminator reads the generator policy's log-probabilities.
-    _uses_policy_log_probs: ClassVar[bool] = True
+    #: Inside :meth:`train`: the acceleration holds from a round's first
+    #: discriminator step until the generator trains or the callback runs.
+    _in_train: bool = False
+    _held_acceleration: Optional[contextlib.ExitStack] = None
 
     def __init__(
         self,
@@ -109,8 +120,9 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         self.demo_minibatch_size = checked.demo_minibatch_size or self.demo_batch_size
         self.memory_budget = checked.memory_budget
         self.last_disc_result: Optional[StepResult] = None
+        self._max_grad_norm = checked.max_grad_norm
         self.engine = GradientAccumulator[discriminator_task.DiscriminatorChunk](
-            self._reward_net, self._disc_opt, max_grad_norm=checked.max_grad_norm
+            self._reward_net
         )
         """The accumulation engine stepping the discriminator."""
         self.step_policy: Optional[StepPolicy] = None
@@ -130,11 +142,11 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
     @property
     def max_grad_norm(self) -> Optional[float]:
         """The discriminator's gradient norm is clipped to this once per step."""
-        return self.engine.max_grad_norm
+        return self._max_grad_norm
 
     @max_grad_norm.setter
     def max_grad_norm(self, value: Optional[float]) -> None:
-        self.engine.max_grad_norm = check_max_grad_norm(value)
+        self._max_grad_norm = check_max_grad_norm(value)
 
     def _profile(
         self,
@@ -147,12 +159,12 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             return self.memory_profile
 
         def call(start: int, stop: int) -> th.Tensor:
-            (chunk,) = task.chunks(
-                {key: value[start:stop] for key, value in expert.items()},
-                {key: value[start:stop] for key, value in generated.items()},
-                [slice(0, stop - start)],
-            )
-            return task.forward(chunk, stop - start)
+            rows = [slice(0, stop - start)]
+            some_expert = {key: value[start:stop] for key, value in expert.items()}
+            some_generated = {k: value[start:stop] for k, value in generated.items()}
+            log_probs = self._policy_log_probs(some_expert, some_generated, rows)
+            (chunk,) = task.chunks(some_expert, some_generated, rows, log_probs)
+            return task.forward(chunk)
 
         obs_size = int(np.prod(self.venv.observation_space.shape or ()))
         profile = probe.profile_calls(
@@ -234,18 +246,36 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
 
     def _policy_log_probs(
         self,
-        chunk: discriminator_task.DiscriminatorChunk,
-    ) -> Optional[th.Tensor]:
-        # Without gradient and in evaluation mode (SB3 leaves the policy in training
-        # mode after learn()): dropout or batch norm in the policy must not make the
-        # log-probabilities depend on the split.
-        obs, acts = chunk.raw(self.gen_algo.device, ("obs", "acts"))
-        with th.no_grad(), networks.evaluating(self.policy):
-            obs = policy_observations(obs, self.policy.observation_space)
-            log_probs = self._get_log_policy_act_prob(obs, acts)
-        if log_probs is None:
-            return None
-        return log_probs.reshape(len(obs)).to(self.reward_train.device)
+        expert: Mapping[str, np.ndarray],
+        generated: Mapping[str, np.ndarray],
+        rows: Sequence[slice],
+    ) -> Optional[List[th.Tensor]]:
+        """The generator policy's log-probabilities of each chunk's actions.
+
+        Per slice of ``rows``: of its expert actions, then of its generator ones
+        (a hook: GAIL's discriminator reads none).
+        """
+        device = self.gen_algo.device
+        chunks = []
+        for r in rows:
+            obs = discriminator_task.in_layout(
+                "the policy's observations",
+                np.concatenate([expert["obs"][r], generated["obs"][r]]),
+                tuple(self.policy.observation_space.shape or ()),
+                whose="the generator policy's",
+            )
+            acts = np.concatenate([expert["acts"][r], generated["acts"][r]])
+            # Without gradient and in evaluation mode (SB3 leaves the policy in
+            # training mode after learn()): dropout or batch norm in the policy must
+            # not make the log-probabilities depend on the split.
+            with th.no_grad(), networks.evaluating(self.policy):
+                log_probs = self._get_log_policy_act_prob(
+                    th.as_tensor(obs, device=device), th.as_tensor(acts, device=device)
+                )
+            if log_probs is None:
+                return None
+            chunks.append(log_probs.reshape(len(obs)).to(self.reward_train.device))
+        return chunks
 
     def _disc_task(self) -> discriminator_task.DiscriminatorTask:
         devices = {self.reward_train.device.type, th.device(self.gen_algo.device).type}
@@ -253,10 +283,92 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             self.logits_expert_is_high,
             self.reward_train,
             self._reward_net,
-            log_probs=self._policy_log_probs if self._uses_policy_log_probs else None,
             stager=staging.Stager() if self.acceleration.pinned_staging else None,
             pin_memory="cuda" in devices,
         )
+
+    def train(
+        self, total_timesteps: int, callback: Optional[Callable[[int], None]] = None
+    ) -> None:
+        """Imitation's ``train``, the ``acceleration`` applied once per round.
+
+        It holds from a round's first discriminator step to its last: the
+        generator trains, and ``callback`` runs, with the net as it is.
+        """
+
+        def released(round_num: int) -> None:
+            self._release_acceleration()
+            if callback is not None:
+                callback(round_num)
+
+        self._in_train = True
+        try:
+            super().train(total_timesteps, released)
+        finally:
+            self._in_train = False
+            self._release_acceleration()
+
+    def train_gen(
+        self,
+        total_timesteps: Optional[int] = None,
+        learn_kwargs: Optional[Mapping] = None,
+    ) -> None:
+        """Imitation's ``train_gen``, the net without the ``acceleration`` options."""
+        self._release_acceleration()
+        super().train_gen(total_timesteps, learn_kwargs)
+
+    def _accelerated(self) -> contextlib.AbstractContextManager:
+        """The ``acceleration`` for a discriminator step (held inside ``train``)."""
+        if not self._in_train:
+            return self.acceleration.applied(self._reward_net)
+        if self._held_acceleration is None:
+            held = contextlib.ExitStack()
+            held.enter_context(self.acceleration.applied(self._reward_net))
+            self._held_acceleration = held
+        return contextlib.nullcontext()
+
+    def _release_acceleration(self) -> None:
+        held, self._held_acceleration = self._held_acceleration, None
+        if held is not None:
+            held.close()
+
+    def _step(
+        self,
+        task: discriminator_task.DiscriminatorTask,
+        expert: Mapping[str, np.ndarray],
+        generated: Mapping[str, np.ndarray],
+        policy: StepPolicy,
+    ) -> Tuple[StepResult, th.Tensor]:
+        """Plans and runs one step; out of memory, redone with half-size chunks.
+
+        Returns:
+            The step's result and the labels in the order of its logits.
+        """
+        rows = np.ones(self.demo_batch_size, dtype=np.int64)  # expert + generator
+        update = Update(self._disc_opt, max_grad_norm=self.max_grad_norm)
+        while True:
+            plan = plan_step(rows, policy)
+            try:
+                with threads.intra_op(plan.threads):
+                    log_probs = self._policy_log_probs(
+                        expert, generated, plan.item_chunks
+                    )
+                    chunks = task.chunks(expert, generated, plan.item_chunks, log_probs)
+                    result = self.engine.step(
+                        task, chunks, plan=plan, n_items=2 * len(rows), update=update
+                    )
+                break
+            except th.OutOfMemoryError as error:
+                policy = policy.backed_off(plan, error)
+            # Outside the handler: the error's frames (and tensors) are gone.
+            if self.reward_train.device.type == "cuda":
+                th.cuda.empty_cache()
+            self.logger.log(
+                "out of memory: step redone with chunks of at most "
+                f"{policy.chunk_cap} {policy.unit}s"
+            )
+        self.step_policy = policy
+        return result, th.cat([chunk.labels for chunk in chunks])
 
     def train_disc(
         self,
@@ -288,10 +400,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         if memory_budget != self._fitted_budget:
             self._budget_cap, self.step_policy = None, None
         self.memory_budget = self._fitted_budget = memory_budget
-        accelerated = acceleration_options.maybe_applied(
-            self.acceleration, self._reward_net
-        )
-        with self.logger.accumulate_means("disc"), accelerated:
+        with self.logger.accumulate_means("disc"), self._accelerated():
             write_summaries = self._init_tensorboard and self._global_step % 20 == 0
             expert, generated = self._disc_samples(expert_samples, gen_samples)
             task = self._disc_task()
@@ -302,31 +411,14 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
                 profile = self._profile(task, expert, generated)
                 self._budget_cap = self._fit_budget(profile)
                 cap = self._budget_cap if cap is None else min(cap, self._budget_cap)
-            thread_policy = self._thread_policy(task, expert, generated)
             policy = StepPolicy(
                 minibatch_size=self.demo_minibatch_size,
                 chunk_cap=cap,
                 two_pass=False,
                 unit=_ROW,
-                threads=thread_policy,
+                threads=self._thread_policy(task, expert, generated),
             )
-
-            def step(plan: StepPlan) -> Tuple[StepResult, th.Tensor]:
-                chunks = task.chunks(expert, generated, plan.item_chunks)
-                result = self.engine.step(
-                    task, chunks, plan=plan, n_items=2 * self.demo_batch_size
-                )
-                # Labels in the order of the logits: the chunks' own.
-                return result, th.cat([chunk.labels for chunk in chunks])
-
-            # Items are rows of an expert and a generator transition.
-            self.step_policy, _, (result, labels) = run_step(
-                np.ones(self.demo_batch_size, dtype=np.int64),
-                step,
-                policy,
-                device=self.reward_train.device,
-                log=self.logger.log,
-            )
+            result, labels = self._step(task, expert, generated, policy)
             self._disc_step += 1
             self.last_disc_result = result
             assert result.item_outputs is not None  # the task returns its logits
@@ -385,4 +477,10 @@ class GAIL(AccumulatingAdversarialTrainer, imitation_gail.GAIL):
         ... )
     """
 
-    _uses_policy_log_probs = False
+    def _policy_log_probs(
+        self,
+        expert: Mapping[str, np.ndarray],
+        generated: Mapping[str, np.ndarray],
+        rows: Sequence[slice],
+    ) -> Optional[List[th.Tensor]]:
+        return None  # not read by GAIL's discriminator

@@ -11,7 +11,6 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar
 
 import torch as th
 import torch.distributed as dist
-from imitation.regularization import regularizers
 from torch import nn
 
 from imitation_accum.engine import norm_replay
@@ -19,6 +18,7 @@ from imitation_accum.engine.accumulator import (
     AccumulationTask,
     GradientAccumulator,
     StepResult,
+    Update,
     forked_rng,
 )
 from imitation_accum.planning.plan import StepPlan
@@ -37,12 +37,9 @@ class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
 
     Args:
         net: The reward net; every call of it by a task must go through :attr:`ddp`.
-        optimizer: The optimizer to step once per batch.
         empty_forward: Returns the output of the module it is given (:attr:`ddp`)
             on zero items.
         process_group: The group to share steps with (default: the default one).
-        regularizer: As in :class:`GradientAccumulator`.
-        max_grad_norm: As in :class:`GradientAccumulator`.
 
     Raises:
         RuntimeError: if ``torch.distributed`` is not initialized.
@@ -51,21 +48,16 @@ class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
     def __init__(
         self,
         net: nn.Module,
-        optimizer: th.optim.Optimizer,
         *,
         empty_forward: Callable[[nn.Module], th.Tensor],
         process_group: Optional[dist.ProcessGroup] = None,
-        regularizer: Optional[regularizers.Regularizer] = None,
-        max_grad_norm: Optional[float] = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError(
                 "DistributedGradientAccumulator needs an initialized process group "
                 "(see imitation_accum.distributed.init_distributed)",
             )
-        super().__init__(
-            net, optimizer, regularizer=regularizer, max_grad_norm=max_grad_norm
-        )
+        super().__init__(net)
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
@@ -96,6 +88,7 @@ class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
         *,
         plan: StepPlan,
         n_items: int,
+        update: Update,
     ) -> StepResult:
         """Runs this rank's share of one optimizer step.
 
@@ -104,6 +97,7 @@ class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
             chunks: This rank's share of the batch, split (may be empty).
             plan: This rank's plan; its ``net_calls`` are summed over ranks.
             n_items: Items in the whole batch, over all ranks.
+            update: As in :meth:`GradientAccumulator.step`.
 
         Returns:
             The step's full-batch figures (``item_losses``: this rank's only).
@@ -123,6 +117,7 @@ class DistributedGradientAccumulator(GradientAccumulator[ChunkT]):
                 chunks,
                 plan=dataclasses.replace(plan, net_calls=calls),
                 n_items=n_items,
+                update=update,
             )
         except th.OutOfMemoryError as error:
             # A single-process trainer redoes the step with smaller chunks; one

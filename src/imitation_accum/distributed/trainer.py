@@ -78,11 +78,8 @@ class DistributedRewardTrainer(CrossEntropyRewardTrainer):
             return super()._make_engine()
         return DistributedGradientAccumulator(
             self._preference_model.model,
-            self.optim,
             empty_forward=self._empty_forward,
             process_group=self.process_group,
-            regularizer=self.regularizer,
-            max_grad_norm=self.max_grad_norm,
         )
 
     def _local_items(self, indices: np.ndarray) -> np.ndarray:

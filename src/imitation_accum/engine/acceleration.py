@@ -168,15 +168,6 @@ def cudnn_benchmark() -> Iterator[None]:
         th.backends.cudnn.benchmark = before
 
 
-def maybe_applied(
-    acceleration: Optional[Acceleration], net: nn.Module
-) -> contextlib.AbstractContextManager:
-    """``acceleration.applied(net)``, or nothing for ``None``."""
-    return (
-        contextlib.nullcontext() if acceleration is None else acceleration.applied(net)
-    )
-
-
 DTYPES = {"bfloat16": th.bfloat16, "float16": th.float16}
 
 

@@ -56,8 +56,8 @@ class AccumulationTask(Protocol[ChunkT_contra]):
     def metric_names(self) -> Sequence[str]:
         """The keys of ``metric_sums`` (reported even by a process without items)."""
 
-    def forward(self, chunk: ChunkT_contra, forward_size: int) -> Any:
-        """``chunk``'s outputs (with ``float()``), in calls of ``forward_size``."""
+    def forward(self, chunk: ChunkT_contra) -> Any:
+        """``chunk``'s outputs (with ``float()``), in the calls its plan gives."""
 
     def loss(self, chunk: ChunkT_contra, outputs: Any) -> ChunkLoss:
         """Computes the chunk's item losses from its outputs."""
@@ -80,6 +80,23 @@ class TwoPassTask(AccumulationTask[ChunkT_contra], Protocol):
         """The loss of every item of the batch, from all its group sums."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Update:
+    """What a step does once, after its last chunk: the trainer's, read per step."""
+
+    optimizer: th.optim.Optimizer
+    """Stepped once per batch."""
+    regularizer: Optional[regularizers.Regularizer] = None
+    """imitation regularizer, applied once per step."""
+    max_grad_norm: Optional[float] = None
+    """If given, the gradient norm is clipped to it once per step."""
+
+    @property
+    def params(self) -> List[th.Tensor]:
+        """The parameters the optimizer updates."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+
 @dataclasses.dataclass
 class StepResult:
     """Full-batch figures of one optimizer step."""
@@ -93,7 +110,7 @@ class StepResult:
     grad_norm: float
     """Total gradient norm before clipping (after the regularizer)."""
     n_items: int
-    n_minibatches: int
+    n_chunks: int
     seconds: float
     peak_memory_bytes: int
     two_pass: bool = False
@@ -119,17 +136,14 @@ class GradientAccumulator(Generic[ChunkT]):
 
     Each chunk's summed loss is divided by the batch's item count, so the
     accumulated gradient is the full-batch gradient whatever the split. The
-    regularizer, clipping and the optimizer step run once, after the last chunk;
-    a step that fails leaves no trace. The distributed engine overrides the hooks
-    ``_chunk_context``, ``_backward``, ``_global_sum``, ``_join_without_items``
-    and ``_all_reduce_moments``.
+    :class:`Update` (regularizer, clipping, optimizer step) runs once, after the
+    last chunk; a step that fails leaves no trace. The distributed engine overrides
+    the hooks ``_chunk_context``, ``_backward``, ``_global_sum``,
+    ``_join_without_items`` and ``_all_reduce_moments``.
 
     Args:
         net: The reward net; its ``RunningNorm``/``EMANorm`` layers get
             full-batch statistics.
-        optimizer: The optimizer to step once per batch.
-        regularizer: imitation regularizer, applied once per step.
-        max_grad_norm: If given, the gradient norm is clipped to it once per step.
         autocast_dtype: As for :meth:`configure`.
         activation_checkpointing: As for :meth:`configure`.
 
@@ -137,27 +151,23 @@ class GradientAccumulator(Generic[ChunkT]):
         ValueError: if ``net`` holds a layer that couples the items of a batch.
 
     Example:
-        >>> engine = GradientAccumulator(net, optimizer)  # doctest: +SKIP
-        >>> result = engine.step(task, chunks, plan=plan, n_items=32)  # doctest: +SKIP
+        >>> engine = GradientAccumulator(net)  # doctest: +SKIP
+        >>> result = engine.step(  # doctest: +SKIP
+        ...     task, chunks, plan=plan, n_items=32, update=Update(optimizer)
+        ... )
         >>> result.loss, result.grad_norm  # doctest: +SKIP
     """
 
     def __init__(
         self,
         net: nn.Module,
-        optimizer: th.optim.Optimizer,
         *,
-        regularizer: Optional[regularizers.Regularizer] = None,
-        max_grad_norm: Optional[float] = None,
         autocast_dtype: Optional[th.dtype] = None,
         activation_checkpointing: bool = False,
     ) -> None:
         self.net = net
         self.forward_module: nn.Module = net
         """What tasks call after ``preprocess``: the net (DDP: its wrapper)."""
-        self.optimizer = optimizer
-        self.regularizer = regularizer
-        self.max_grad_norm = max_grad_norm
         self.norms = norm_replay.NormReplay(net)
         self.n_steps = 0
         self.n_skipped_steps = 0
@@ -220,11 +230,6 @@ class GradientAccumulator(Generic[ChunkT]):
         return stack
 
     @property
-    def params(self) -> List[th.Tensor]:
-        """The parameters the optimizer updates."""
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
-
-    @property
     def device(self) -> th.device:
         """The device of the net's parameters."""
         return next((p.device for p in self.net.parameters()), th.device("cpu"))
@@ -236,6 +241,7 @@ class GradientAccumulator(Generic[ChunkT]):
         *,
         plan: StepPlan,
         n_items: int,
+        update: Update,
     ) -> StepResult:
         """Runs one optimizer step over ``chunks``, as ``plan`` lays it out.
 
@@ -244,6 +250,7 @@ class GradientAccumulator(Generic[ChunkT]):
             chunks: The batch, cut as ``plan`` says.
             plan: The step's plan.
             n_items: Items in the whole batch (the loss divisor).
+            update: What happens once after the last chunk.
 
         Returns:
             The step's full-batch figures.
@@ -257,14 +264,14 @@ class GradientAccumulator(Generic[ChunkT]):
         start = time.perf_counter()
         if device.type == "cuda":
             th.cuda.reset_peak_memory_stats(device)
-        self.optimizer.zero_grad(set_to_none=True)
+        update.optimizer.zero_grad(set_to_none=True)
         norm_snapshot = self.norms.snapshot()
         rewind_rng = _rng_rewinder(device)
         scaler_snapshot = self.scaler.state_dict() if self.scaler else None
         try:
-            result = self._step(task, chunks, plan=plan, n_items=n_items)
+            result = self._step(task, chunks, plan, n_items, update)
         except BaseException:
-            self.optimizer.zero_grad(set_to_none=True)
+            update.optimizer.zero_grad(set_to_none=True)
             self.norms.restore(norm_snapshot)
             rewind_rng()
             if self.scaler is not None and self._scaler_pending:
@@ -283,19 +290,20 @@ class GradientAccumulator(Generic[ChunkT]):
         self,
         task: AccumulationTask[ChunkT],
         chunks: Sequence[ChunkT],
-        *,
         plan: StepPlan,
         n_items: int,
+        update: Update,
     ) -> StepResult:
+        params = update.params
         stats = None
         # Two passes would each update the norm layers: always replay instead.
         if self.norms.active and (plan.net_calls > 1 or plan.two_pass):
-            stats = self._gather_norm_statistics(task, chunks, plan.forward_size)
+            stats = self._gather_norm_statistics(task, chunks)
         with self.norms.replaying(stats) if stats else contextlib.nullcontext():
             if plan.two_pass:
-                outs = self._two_pass(task, chunks, n_items, plan.forward_size)  # type: ignore[arg-type]
+                outs = self._two_pass(task, chunks, n_items)  # type: ignore[arg-type]
             else:
-                outs = self._one_pass(task, chunks, n_items, plan.forward_size)
+                outs = self._one_pass(task, chunks, n_items)
         if not chunks:
             self._join_without_items()
         losses = (
@@ -313,10 +321,10 @@ class GradientAccumulator(Generic[ChunkT]):
             )
         overflow = False
         if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
+            self.scaler.unscale_(update.optimizer)
             self._scaler_pending = True
-            overflow = not bool(th.isfinite(total_norm(self.params)))
-        elif self.regularizer is not None and not th.isfinite(total_norm(self.params)):
+            overflow = not bool(th.isfinite(total_norm(params)))
+        elif update.regularizer is not None and not th.isfinite(total_norm(params)):
             raise FloatingPointError(
                 f"non-finite gradient at step {self.n_steps} after {len(chunks)} "
                 "minibatches; the step was discarded"
@@ -327,11 +335,11 @@ class GradientAccumulator(Generic[ChunkT]):
         if overflow:
             # GradScaler skips the step and lowers the scale; so are the
             # regularizer and clipping skipped.
-            grad_norm = float(total_norm(self.params))
+            grad_norm = float(total_norm(params))
         else:
-            if self.regularizer is not None:
-                regularize(self.regularizer, self.params, mean_loss, self.device)
-            grad_norm = clip_and_measure(self.params, self.max_grad_norm)
+            if update.regularizer is not None:
+                regularize(update.regularizer, params, mean_loss, self.device)
+            grad_norm = clip_and_measure(params, update.max_grad_norm)
             if not np.isfinite(grad_norm):
                 raise FloatingPointError(
                     f"non-finite gradient norm at step {self.n_steps} after "
@@ -339,13 +347,13 @@ class GradientAccumulator(Generic[ChunkT]):
                 )
         loss_scale = None
         if self.scaler is not None:
-            self.scaler.step(self.optimizer)
+            self.scaler.step(update.optimizer)
             self.scaler.update()
             self._scaler_pending = False
             loss_scale = float(self.scaler.get_scale())
             self.n_skipped_steps += int(overflow)
         else:
-            self.optimizer.step()
+            update.optimizer.step()
         item_outputs = [
             out.item_outputs for out in outs if out.item_outputs is not None
         ]
@@ -355,7 +363,7 @@ class GradientAccumulator(Generic[ChunkT]):
             metrics=self._global_means(outs, task.metric_names, n_items),
             grad_norm=grad_norm,
             n_items=n_items,
-            n_minibatches=len(chunks),
+            n_chunks=len(chunks),
             seconds=0.0,
             peak_memory_bytes=0,
             two_pass=plan.two_pass,
@@ -369,13 +377,12 @@ class GradientAccumulator(Generic[ChunkT]):
         task: AccumulationTask[ChunkT],
         chunks: Sequence[ChunkT],
         n_items: int,
-        forward_size: int,
     ) -> List[ChunkLoss]:
         outs = []
         for index, chunk in enumerate(chunks):
             with self._chunk_context(index, len(chunks)):
                 with self.forward_context(grad=True):
-                    outputs = task.forward(chunk, forward_size)
+                    outputs = task.forward(chunk)
                 out = task.loss(chunk, outputs.float())
                 self._backward(out.loss_sum / n_items)
             outs.append(out)
@@ -386,7 +393,6 @@ class GradientAccumulator(Generic[ChunkT]):
         task: TwoPassTask[ChunkT],
         chunks: Sequence[ChunkT],
         n_items: int,
-        forward_size: int,
     ) -> List[ChunkLoss]:
         if not chunks:
             return []
@@ -394,9 +400,7 @@ class GradientAccumulator(Generic[ChunkT]):
         sums: Any = 0
         with th.no_grad(), self.forward_context(grad=False):
             for chunk in chunks:
-                sums = sums + task.partial_sums(
-                    chunk, task.forward(chunk, forward_size).float()
-                )
+                sums = sums + task.partial_sums(chunk, task.forward(chunk).float())
         # The gradient of this process's loss with respect to its own sums: exact
         # while each item's loss depends on its own sums (pairs are split whole).
         leaf = sums.detach().requires_grad_(True)
@@ -408,7 +412,7 @@ class GradientAccumulator(Generic[ChunkT]):
         for index, chunk in enumerate(chunks):
             with self._chunk_context(index, len(chunks)):
                 with self.forward_context(grad=True):
-                    outputs = task.forward(chunk, forward_size)
+                    outputs = task.forward(chunk)
                 part = task.partial_sums(chunk, outputs.float())
                 self._backward(th.dot(part, sums_grad))
             sums_again = sums_again + part.detach()
@@ -424,7 +428,6 @@ class GradientAccumulator(Generic[ChunkT]):
         self,
         task: AccumulationTask[ChunkT],
         chunks: Sequence[ChunkT],
-        forward_size: int,
     ) -> norm_replay.ReplayedStatistics:
         """No-grad pre-pass(es) giving every norm call its full-batch statistics."""
 
@@ -438,7 +441,7 @@ class GradientAccumulator(Generic[ChunkT]):
                 self.forward_context(grad=False),
             ):
                 for chunk in chunks:
-                    task.forward(chunk, forward_size)
+                    task.forward(chunk)
             return self._all_reduce_moments(moments)
 
         return norm_replay.settled_statistics(self.norms, gather)
@@ -448,7 +451,6 @@ class GradientAccumulator(Generic[ChunkT]):
         task: AccumulationTask[ChunkT],
         chunks: Sequence[ChunkT],
         *,
-        plan: StepPlan,
         n_items: int,
     ) -> EvaluationResult:
         """Full-batch loss and metrics without gradient, in evaluation mode.
@@ -460,10 +462,7 @@ class GradientAccumulator(Generic[ChunkT]):
             networks.evaluating(self.net),
             self.forward_context(grad=False),
         ):
-            outs = [
-                task.loss(chunk, task.forward(chunk, plan.forward_size).float())
-                for chunk in chunks
-            ]
+            outs = [task.loss(chunk, task.forward(chunk).float()) for chunk in chunks]
         losses = _item_losses(outs)
         total = self._global_sum(th.as_tensor(losses.sum(), dtype=th.float64))
         return EvaluationResult(

@@ -212,42 +212,18 @@ class StagedRows:
 Ranges = Sequence[Tuple[RowSource, int, int]]
 
 
-class RangeStager(Generic[ChunkT]):
-    """A :class:`Stager` of chunks made of transition ranges of layouts.
+def range_arrays(ranges: Ranges, *, next_obs: bool) -> MaybeArrays:
+    """The host arrays of ``ranges``, four per range (a :class:`Stager`'s input)."""
+    return [
+        array
+        for source, start, stop in ranges
+        for array in source.gather(start, stop, next_obs=next_obs)
+    ]
 
-    Args:
-        transport: As for :class:`Stager`.
-    """
 
-    def __init__(self, transport: Optional[Transport] = None) -> None:
-        self.stager: Stager[ChunkT] = Stager(transport)
-        self._ranges: Optional[Callable[[ChunkT], Ranges]] = None
-
-    def schedule(
-        self,
-        chunks: Sequence[ChunkT],
-        ranges: Callable[[ChunkT], Ranges],
-        device: th.device,
-        *,
-        next_obs: bool,
-    ) -> None:
-        """As :meth:`Stager.schedule`; ``next_obs``: whether next observations go."""
-        self._ranges = ranges
-
-        def host_arrays(chunk: ChunkT) -> MaybeArrays:
-            return [
-                array
-                for source, start, stop in ranges(chunk)
-                for array in source.gather(start, stop, next_obs=next_obs)
-            ]
-
-        self.stager.schedule(chunks, host_arrays, device)
-
-    def fetch(self, chunk: ChunkT) -> List[StagedRows]:
-        """``chunk``'s ranges on the device, one :class:`StagedRows` each."""
-        assert self._ranges is not None, "schedule() the chunks first"
-        tensors = self.stager.fetch(chunk)
-        return [
-            StagedRows(tuple(tensors[4 * k : 4 * k + 4]), start, source.n_transitions)  # type: ignore[arg-type]
-            for k, (source, start, _) in enumerate(self._ranges(chunk))
-        ]
+def staged_rows(ranges: Ranges, tensors: MaybeTensors) -> List[StagedRows]:
+    """``ranges`` on the device from their fetched :func:`range_arrays`."""
+    return [
+        StagedRows(tuple(tensors[4 * k : 4 * k + 4]), start, source.n_transitions)  # type: ignore[arg-type]
+        for k, (source, start, _) in enumerate(ranges)
+    ]

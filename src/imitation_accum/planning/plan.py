@@ -4,18 +4,17 @@ Items may have *sides* (a fragment pair has two), each laid end to end on its ow
 calls go to the sides in turn with like shapes, so that a direction whose exact
 gradient is zero (a constant reward shift) gets contributions that cancel bit for bit.
 A plan also names the intra-op threads its calls run with on a CPU
-(:mod:`~imitation_accum.planning.threads`), which :func:`run_step` sets for the step.
+(:mod:`~imitation_accum.planning.threads`). Planning is pure: the trainer runs the
+plan, and after an out-of-memory error plans again with :meth:`StepPolicy.backed_off`.
 """
 
 import dataclasses
-from typing import Callable, List, Optional, Tuple, TypeVar
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch as th
 
 from imitation_accum.planning import threads as intra_op
-
-ResultT = TypeVar("ResultT")
 
 
 def plan_chunks(n_items: int, minibatch_size: Optional[int]) -> List[slice]:
@@ -47,16 +46,6 @@ def pair_chunks(
     if len(item_transitions):
         chunks.append(slice(start, len(item_transitions)))
     return chunks
-
-
-def transition_ranges(n_transitions: int, size: int) -> List[Tuple[int, int]]:
-    """Consecutive ``[start, stop)`` ranges of ``size`` covering ``n_transitions``."""
-    return [(s.start, s.stop) for s in plan_chunks(n_transitions, size)]
-
-
-def n_calls(n_transitions: int, forward_size: int) -> int:
-    """Reward-net calls needed for ``n_transitions`` in calls of ``forward_size``."""
-    return -(-n_transitions // forward_size)
 
 
 def _as_sides(item_transitions: np.ndarray) -> np.ndarray:
@@ -99,7 +88,7 @@ class StepPlan:
         sides = _as_sides(lengths)
         sizes = tuple(int(sides[s].sum()) for s in chunks)
         side_sums = [int(n) for s in chunks for n in sides[s].sum(0)]
-        calls = sum(n_calls(n, forward_size) for n in side_sums)
+        calls = sum(-(-n // forward_size) for n in side_sums)
         largest = min(forward_size, max(side_sums, default=0))
         return cls(
             False, forward_size, tuple(chunks), (), sizes, calls, reason, largest
@@ -111,11 +100,11 @@ class StepPlan:
     ) -> "StepPlan":
         """A plan in chunks of one call each: range ``k`` of each side in turn."""
         per_side = [
-            transition_ranges(int(n), forward_size) for n in _as_sides(lengths).sum(0)
+            plan_chunks(int(n), forward_size) for n in _as_sides(lengths).sum(0)
         ]
         longest = max((len(ranges) for ranges in per_side), default=0)
         chunks = tuple(
-            (side, *ranges[k])
+            (side, ranges[k].start, ranges[k].stop)
             for k in range(longest)
             for side, ranges in enumerate(per_side)
             if k < len(ranges)
@@ -155,7 +144,7 @@ class StepPolicy:
             plan, threads=self.threads.threads(plan.largest_call)
         )
 
-    def call_size(self, limit: int) -> int:
+    def forward_size_within(self, limit: int) -> int:
         """Transitions per call for calls over at most ``limit`` transitions."""
         if self.chunk_cap is not None:
             limit = min(limit, self.chunk_cap)
@@ -164,6 +153,9 @@ class StepPolicy:
 
     def backed_off(self, plan: StepPlan, error: BaseException) -> "StepPolicy":
         """This policy with chunks half as large as ``plan``'s (out of memory).
+
+        The caller plans the step again with it and redoes the step (which must
+        have left no trace), after releasing the device's cached memory.
 
         Raises:
             torch.OutOfMemoryError: if the failed chunks held a single unit.
@@ -184,7 +176,7 @@ def _item_chunks(lengths: np.ndarray, policy: StepPolicy) -> Tuple[List[slice], 
     chunks = pair_chunks(
         lengths, max_items=policy.minibatch_size, max_transitions=policy.chunk_cap
     )
-    return chunks, policy.call_size(int(lengths[chunks[0]].sum()))
+    return chunks, policy.forward_size_within(int(lengths[chunks[0]].sum()))
 
 
 def plan_step(item_transitions: np.ndarray, policy: StepPolicy) -> StepPlan:
@@ -206,7 +198,8 @@ def plan_step(item_transitions: np.ndarray, policy: StepPolicy) -> StepPlan:
                 "the budget"
             )
         reason = "one item exceeds the memory cap"
-        return policy.planned(StepPlan.two_passes(sides, policy.call_size(cap), reason))
+        size = policy.forward_size_within(cap)
+        return policy.planned(StepPlan.two_passes(sides, size, reason))
     chunks, size = _item_chunks(sides.sum(1), policy)
     if policy.two_pass:
         return policy.planned(StepPlan.two_passes(sides, size, "two_pass=True"))
@@ -225,43 +218,3 @@ def plan_evaluation(item_transitions: np.ndarray, policy: StepPolicy) -> StepPla
         return StepPlan.one_pass(sides, [], 1, "no items")
     chunks, size = _item_chunks(sides.sum(1), policy)
     return policy.planned(StepPlan.one_pass(sides, chunks, size, "evaluation"))
-
-
-def run_step(
-    item_transitions: np.ndarray,
-    step: Callable[[StepPlan], ResultT],
-    policy: StepPolicy,
-    *,
-    device: th.device,
-    log: Callable[[str], None],
-    evaluation: bool = False,
-) -> Tuple[StepPolicy, StepPlan, ResultT]:
-    """Plans and runs a step; after out-of-memory, halves the chunk and redoes it.
-
-    ``step`` must leave no trace when it raises (the engine rolls back). It runs
-    with the plan's intra-op threads, and the caller's come back afterwards.
-
-    ``step(plan)`` builds the chunks and runs them; ``log`` reports a back-off;
-    ``device``'s cached memory is released before a retry.
-
-    Returns:
-        The policy the step ran with, its plan, and what ``step`` returned.
-
-    Raises:
-        torch.OutOfMemoryError: if chunks of one unit do not fit.
-    """
-    plan_of = plan_evaluation if evaluation else plan_step
-    while True:
-        plan = plan_of(item_transitions, policy)
-        try:
-            with intra_op.intra_op(plan.threads):
-                return policy, plan, step(plan)
-        except th.OutOfMemoryError as error:
-            policy = policy.backed_off(plan, error)
-        # Outside the handler: the error's frames (and tensors) are gone.
-        if device.type == "cuda":
-            th.cuda.empty_cache()
-        log(
-            "out of memory: step redone with chunks of at most "
-            f"{policy.chunk_cap} {policy.unit}s"
-        )

@@ -111,21 +111,21 @@ class ActivationProfile:
         """Fixed workspace bytes of the device type."""
         return RESERVE_BYTES.get(self.device_type, RESERVE_BYTES["cuda"])
 
-    def chunk_bytes(self, n_transitions: int, call_size: int) -> float:
-        """Bytes of a step with chunks of ``n_transitions`` in calls of ``call_size``.
+    def chunk_bytes(self, n_transitions: int, forward_size: int) -> float:
+        """Bytes of a step: chunks of ``n_transitions``, calls of ``forward_size``.
 
         On CUDA at least the probe's measured peak, extrapolated.
         """
-        call_size = max(1, min(call_size, n_transitions))
-        calls = -(-n_transitions // call_size)
+        forward_size = max(1, min(forward_size, n_transitions))
+        calls = -(-n_transitions // forward_size)
         kept = n_transitions * self.saved_per_transition + calls * self.saved_per_call
-        variable = kept + call_size * self.transient_per_transition
+        variable = kept + forward_size * self.transient_per_transition
         if self.measured_peak is not None:
             per_transition, per_call = self.measured_peak
             # The probe's measured peak holds one call's saved and transient bytes.
             measured = (
                 kept
-                + call_size * max(0.0, per_transition - self.saved_per_transition)
+                + forward_size * max(0.0, per_transition - self.saved_per_transition)
                 + max(0.0, per_call - self.saved_per_call)
             )
             variable = max(variable, measured)

@@ -103,6 +103,7 @@ class PairChunk:
         preferences: Probability that ``a_i`` is preferred, on the net's device.
         prefers_first: Whether ``a_i`` is the preferred one (preference > 0.5).
         discounts: Each side's per-transition discount weights (``None``: 1).
+        forward_size: Transitions per reward-net call, the sides' calls in turn.
         converted_inputs: Each side's net inputs, views of the batch's converted
             once (``None``: each call converts its own).
     """
@@ -111,6 +112,7 @@ class PairChunk:
     preferences: th.Tensor
     prefers_first: th.Tensor
     discounts: Discounts
+    forward_size: int
     converted_inputs: Optional[Tuple[NetInputs, NetInputs]] = None
 
     @property
@@ -170,7 +172,7 @@ class PreferenceTask:
         noise_prob: float,
         discount_factor: float,
         threshold: float,
-        stager: Optional[staging.RangeStager] = None,
+        stager: Optional[staging.Stager] = None,
         call_target: Optional[th.nn.Module] = None,
     ) -> None:
         self.net = net
@@ -191,7 +193,10 @@ class PreferenceTask:
         return util.safe_to_tensor(array).to(self.device)
 
     def make_chunk(
-        self, table: pair_table.PreferenceTable, indices: np.ndarray
+        self,
+        table: pair_table.PreferenceTable,
+        indices: np.ndarray,
+        forward_size: int,
     ) -> PairChunk:
         """Lays out pairs ``indices`` of ``table``; preferences go to the device."""
         layouts = tuple(table.side_layout(indices, side) for side in (0, 1))
@@ -199,7 +204,7 @@ class PreferenceTask:
         prefs = th.as_tensor(
             table.preferences[indices], dtype=th.float32, device=self.device
         )
-        return PairChunk(layouts, prefs, prefs > 0.5, discounts)  # type: ignore[arg-type]
+        return PairChunk(layouts, prefs, prefs > 0.5, discounts, forward_size)  # type: ignore[arg-type]
 
     def convert(self, layout: staging.RowSource, start: int, stop: int) -> NetInputs:
         """The net's inputs of transitions ``[start, stop)``, converted on device."""
@@ -256,24 +261,25 @@ class PreferenceTask:
         return rewards
 
     def forward(
-        self,
-        chunk: Union[PairChunk, TransitionChunk],
-        forward_size: int,
+        self, chunk: Union[PairChunk, TransitionChunk]
     ) -> Union[th.Tensor, SideRewards]:
         """Per-transition rewards of ``chunk``: :class:`SideRewards`, or one tensor.
 
-        The sides are called in turn, ``forward_size`` transitions at a time; a
-        two-pass chunk is one call on one side.
+        The sides are called in turn, the chunk's ``forward_size`` transitions at a
+        time; a two-pass chunk is one call on one side.
         """
+        sources: Sequence[staging.RowSource]
+        if self.stager is not None:
+            sources = staging.staged_rows(_ranges(chunk), self.stager.fetch(chunk))
+        elif isinstance(chunk, TransitionChunk):
+            sources = [chunk.batch.layouts[chunk.side]]
+        else:
+            sources = chunk.layouts
         if isinstance(chunk, TransitionChunk):
-            layout = chunk.batch.layouts[chunk.side]
-            rows = self.stager.fetch(chunk)[0] if self.stager else layout
-            return self.call(rows, chunk.start, chunk.stop)
+            return self.call(sources[0], chunk.start, chunk.stop)
         outputs: Tuple[List[th.Tensor], List[th.Tensor]] = ([], [])
-        sources: Sequence[staging.RowSource] = (
-            self.stager.fetch(chunk) if self.stager else chunk.layouts
-        )
         sizes = [source.n_transitions for source in sources]
+        forward_size = chunk.forward_size
         for start in range(0, max(sizes), forward_size):
             for side, source in enumerate(sources):
                 if start >= sizes[side]:
@@ -360,7 +366,7 @@ class PreferenceTask:
 
 def task_for(
     preference_model: preference_comparisons.PreferenceModel,
-    stager: Optional[staging.RangeStager] = None,
+    stager: Optional[staging.Stager] = None,
     call_target: Optional[th.nn.Module] = None,
 ) -> PreferenceTask:
     """A task that computes what ``preference_model`` defines."""
@@ -389,19 +395,25 @@ def make_chunks(
         return []
     chunks: List[Union[PairChunk, TransitionChunk]]
     if plan.two_pass:
-        batch = task.make_chunk(table, local)
+        batch = task.make_chunk(table, local, plan.forward_size)
         chunks = [
             TransitionChunk(batch, side, start, stop)
             for side, start, stop in plan.transition_chunks
         ]
     elif task.stager is None and task.converted_batches.applies(table, local):
         # Converted once for the batch, already on the device: nothing to stage.
-        return list(task.converted_batches.chunks(table, local, plan.item_chunks))
+        converted = task.converted_batches
+        return list(converted.chunks(table, local, plan.item_chunks, plan.forward_size))
     else:
-        chunks = [task.make_chunk(table, local[s]) for s in plan.item_chunks]
+        size = plan.forward_size
+        chunks = [task.make_chunk(table, local[s], size) for s in plan.item_chunks]
     if task.stager is not None:  # inputs move a chunk ahead (engine.staging)
         next_obs = task.inputs.reads_next_state
-        task.stager.schedule(chunks, _ranges, task.device, next_obs=next_obs)
+        task.stager.schedule(
+            chunks,
+            lambda chunk: staging.range_arrays(_ranges(chunk), next_obs=next_obs),
+            task.device,
+        )
     return chunks
 
 
@@ -511,6 +523,7 @@ class ConvertedBatches:
         table: pair_table.PreferenceTable,
         local: np.ndarray,
         item_chunks: Sequence[slice],
+        forward_size: int,
     ) -> List[PairChunk]:
         """Chunks of pairs ``local`` whose calls read inputs converted once.
 
@@ -530,6 +543,7 @@ class ConvertedBatches:
                 per_chunk[k],
                 prefers_first[k],
                 discounts,
+                forward_size,
                 (inputs[0][k], inputs[1][k]),
             )
             for k, (layouts, discounts) in enumerate(

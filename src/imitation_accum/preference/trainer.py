@@ -29,9 +29,15 @@ from imitation_accum.engine.accumulator import (
     EvaluationResult,
     GradientAccumulator,
     StepResult,
+    Update,
 )
 from imitation_accum.planning import budget, probe, threads
-from imitation_accum.planning.plan import StepPlan, StepPolicy, run_step
+from imitation_accum.planning.plan import (
+    StepPlan,
+    StepPolicy,
+    plan_evaluation,
+    plan_step,
+)
 from imitation_accum.preference import (
     arguments,
     dataset_checks,
@@ -116,8 +122,6 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         >>> trainer.train(dataset)  # doctest: +SKIP
     """
 
-    _for_ensembles = False
-
     def __init__(
         self,
         preference_model: pc.PreferenceModel,
@@ -142,7 +146,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         two_pass: Optional[bool] = None,
         acceleration: acceleration_options.AccelerationArg = None,
     ) -> None:
-        arguments.check_preference_model(preference_model, ensemble=self._for_ensembles)
+        arguments.check_preference_model(preference_model, ensemble=False)
         arguments.check_loss_and_rng(loss, rng)
         engine_arguments.optimizer_class("optimizer_cls", optimizer_cls)
         engine_arguments.check_logger("custom_logger", custom_logger)
@@ -207,16 +211,15 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         """The plan of the last step (``forward_size``, ``two_pass``, chunks)."""
         self.memory_profile: Optional[probe.ActivationProfile] = None
         """The memory probe's profile of the net, once one was needed."""
-        if not self._for_ensembles:
-            self._check_memory_options()
-            self._engine = self._make_engine()
-            self._engine.configure(
-                autocast_dtype=self.autocast_dtype,
-                activation_checkpointing=self.activation_checkpointing,
-            )
+        self._check_memory_options()
+        self._engine = self._make_engine()
+        self._engine.configure(
+            autocast_dtype=self.autocast_dtype,
+            activation_checkpointing=self.activation_checkpointing,
+        )
         self._task = pair_task.task_for(
             preference_model,
-            stager=staging.RangeStager() if self.acceleration.pinned_staging else None,
+            stager=staging.Stager() if self.acceleration.pinned_staging else None,
             call_target=None if self._engine is None else self._engine.forward_module,
         )
 
@@ -251,8 +254,6 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                 f"{type(optimizer).__name__}",
             )
         self._optim = optimizer
-        if self._engine is not None:
-            self._engine.optimizer = optimizer
         if self.regularizer is not None:
             self.regularizer.optimizer = optimizer
 
@@ -277,8 +278,6 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         if value is not None:
             value = _validation.positive_finite_float("max_grad_norm", value)
         self._max_grad_norm = value
-        if self._engine is not None:
-            self._engine.max_grad_norm = value
 
     def _check_memory_options(self) -> None:
         """Checks the budget and precision against the net (before training)."""
@@ -301,8 +300,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
                 :func:`~imitation_accum.preference.dataset_checks.check_dataset`).
         """
         self._check_dataset(dataset)
-        options = None if self._for_ensembles else self.acceleration  # per member
-        with acceleration_options.maybe_applied(options, self._preference_model.model):
+        with self.acceleration.applied(self._preference_model.model):
             super().train(dataset, epoch_multiplier)
 
     def _check_dataset(self, dataset: data_th.Dataset) -> None:
@@ -323,12 +321,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
 
     def _make_engine(self) -> GradientAccumulator:
         """The accumulation engine for this trainer's reward net (a hook)."""
-        return GradientAccumulator(
-            self._preference_model.model,
-            self.optim,
-            regularizer=self.regularizer,
-            max_grad_norm=self.max_grad_norm,
-        )
+        return GradientAccumulator(self._preference_model.model)
 
     def _local_items(self, indices: np.ndarray) -> np.ndarray:
         """The share of ``indices`` this process computes (a hook: all of them)."""
@@ -529,29 +522,47 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         *,
         evaluation: bool,
     ) -> Any:
-        """Plans and runs a step (or an evaluation) of pairs ``indices``."""
+        """Plans and runs a step (or an evaluation) of pairs ``indices``.
+
+        A step out of memory leaves no trace (the engine rolls back); it is planned
+        again with chunks half as large and redone. The plan's intra-op threads
+        hold while it runs; the caller's come back afterwards.
+        """
         local = self._local_items(indices)
-        engine = self.engine
-        policy = self.step_policy
-        assert policy is not None  # built by train() and evaluate()
-
-        def step(plan: StepPlan) -> Any:
-            chunks = pair_task.make_chunks(self._task, table, local, plan)
-            run = engine.evaluate if evaluation else engine.step
-            return run(self._task, chunks, plan=plan, n_items=len(indices))
-
-        ran, plan, result = run_step(
-            table.lengths[local],  # per pair and side: mirrored calls
-            step,
-            policy,
-            device=self._task.device,
-            log=self.logger.log,
-            evaluation=evaluation,
-        )
-        if ran.chunk_cap != policy.chunk_cap:
+        lengths = table.lengths[local]  # per pair and side: mirrored calls
+        policy = started = self.step_policy
+        assert policy is not None and started is not None  # built by train()
+        update = Update(self.optim, self.regularizer, self.max_grad_norm)
+        while True:
+            plan = (plan_evaluation if evaluation else plan_step)(lengths, policy)
+            try:
+                with threads.intra_op(plan.threads):
+                    chunks = pair_task.make_chunks(self._task, table, local, plan)
+                    result: Any = (
+                        self.engine.evaluate(self._task, chunks, n_items=len(indices))
+                        if evaluation
+                        else self.engine.step(
+                            self._task,
+                            chunks,
+                            plan=plan,
+                            n_items=len(indices),
+                            update=update,
+                        )
+                    )
+                break
+            except th.OutOfMemoryError as error:
+                policy = policy.backed_off(plan, error)
+            # Outside the handler: the error's frames (and tensors) are gone.
+            if self._task.device.type == "cuda":
+                th.cuda.empty_cache()
+            self.logger.log(
+                "out of memory: step redone with chunks of at most "
+                f"{policy.chunk_cap} {policy.unit}s"
+            )
+        if policy.chunk_cap != started.chunk_cap:
             # An out-of-memory back-off holds for later train() calls too.
-            self._backed_off_cap = ran.chunk_cap
-        self.step_policy, self.last_plan = ran, plan
+            self._backed_off_cap = policy.chunk_cap
+        self.step_policy, self.last_plan = policy, plan
         return result
 
     def _train_step(
@@ -575,7 +586,7 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             record("gt_reward_loss", float(gt_loss))
         record("grad_norm", result.grad_norm)
         record("pairs_per_second", result.n_items / result.seconds)
-        record("minibatches_per_step", result.n_minibatches)
+        record("chunks_per_step", result.n_chunks)
         record("peak_memory_mib", result.peak_memory_bytes / 2**20)
         record("forward_size", plan.forward_size)
         record("intra_op_threads", plan.threads or th.get_num_threads())
