@@ -214,10 +214,10 @@ ONE_CPU = {
 TRAINER = {"batch_size": 4, "progress_bar": False, "forward_size": 4}
 
 
-def final_minibatches_per_step(log_root: pathlib.Path):
-    """Per trial's run directory: its last ``minibatches_per_step``."""
+def final_chunks_per_step(log_root: pathlib.Path):
+    """Per trial's run directory: its last ``chunks_per_step``."""
     return sorted(
-        float(rows[-1]["reward/final/train/minibatches_per_step"])
+        float(rows[-1]["reward/final/train/chunks_per_step"])
         for rows in _progress_rows(log_root)
     )
 
@@ -244,7 +244,7 @@ def test_sweep_over_minibatch_size_trains_with_this_package_trainer(tmp_path):
     assert run.status == "COMPLETED"
     # Only this package's trainer logs minibatches per step: (4 + 1) / 2 with
     # minibatch_size 1, (2 + 1) / 2 with 2.
-    assert final_minibatches_per_step(tmp_path / "runs") == [1.5, 2.5]
+    assert final_chunks_per_step(tmp_path / "runs") == [1.5, 2.5]
 
 
 @pytest.mark.expensive
@@ -271,5 +271,5 @@ def test_imitation_parallel_under_patch_trains_with_this_package_trainer(tmp_pat
     assert run.status == "COMPLETED"
     # imitation's trainer logs no minibatches per step: the Ray worker's trainer
     # was this package's, accumulating minibatches of 2 pairs.
-    (value,) = final_minibatches_per_step(tmp_path / "runs")
+    (value,) = final_chunks_per_step(tmp_path / "runs")
     assert 1 < value <= 2
