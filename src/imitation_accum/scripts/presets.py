@@ -245,7 +245,8 @@ QUICKSTART = Preset(
         total_comparisons=300,
         initial_comparison_frac=0.5,
         initial_epoch_multiplier=1,
-        fragment_length=25,  # half the pairs of a near-random agent differ in score
+        # Half an episode: most fragments of a near-random agent hold a point.
+        fragment_length=50,
         # Labels by the true return, ties 0.5 (a softmax sample errs 1 in 4).
         gatherer_kwargs=dict(temperature=0),
         environment=dict(max_episode_steps=100, parallel=False),
@@ -261,7 +262,7 @@ QUICKSTART = Preset(
                 use_next_state=True,
             )
         ),
-        reward_trainer_kwargs=dict(epochs=6, batch_size=32, minibatch_size=8, lr=2e-3),
+        reward_trainer_kwargs=dict(epochs=6, batch_size=32, minibatch_size=8, lr=1.5e-3),
         policy_evaluation=dict(n_episodes_eval=8),
         held_out_pairs=200,  # the accuracy printed at the end
     ),
