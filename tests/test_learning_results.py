@@ -107,6 +107,9 @@ def test_mlp_summary_compares_medians_with_upstreams_range(learning_results):
     assert by_setting[upstream]["accuracy_median"] == pytest.approx(0.6)
     assert "Largest difference of a median return from upstream's: 30.0" in text
     assert "(seals_cartpole, outside)" in text
+    # Seed 2: the package's settings gave 90.0 and 60.0 (upstream's row left out).
+    assert "at the same seed (the same update up to round-off, which training " in text
+    assert "amplifies): return 30.0, held-out accuracy 0.000." in text
 
 
 def test_pong_summary_gaps_and_seed_spread(learning_results):
@@ -135,6 +138,31 @@ def test_pong_summary_gaps_and_seed_spread(learning_results):
         "b": pytest.approx(0.8),
     }
     assert "| a | 0 | 0.500 | 0.700 |" in text
+    assert "at least 0.85: 0 of 2." in text
+    assert "Largest gap between settings' mean accuracy: 0.100 (epoch 1)" in text
+    assert "below the seed-to-seed spread at every epoch: yes." in text
+    assert "at the same seed and epoch (the same update" in text
+    assert text.rstrip().endswith("AdamW amplifies): 0.100.")
+    # Epoch 1: a gap of 0.1 between settings, none between seeds' means.
+    rows[0] = row("a", 0, [0.9, 0.9])
+    rows[2] = row("b", 0, [0.6, 0.8])
+    rows[3] = row("b", 1, [0.8, 1.0])
+    text, _ = learning_results.pong_tables({"data": {}, "rows": rows})
+    assert "at least 0.85: 2 of 2 (a, b)." in text
+    assert "below the seed-to-seed spread at every epoch: no." in text
+
+
+def test_mlp_config_merges_nested_updates(learning_results):
+    base = {"rl": {"batch_size": 8, "rl_kwargs": {"n_epochs": 10, "gamma": 0.9}}}
+    merged = learning_results._merged(base, {"rl": {"rl_kwargs": {"n_epochs": 1}}})
+    expected = {"rl": {"batch_size": 8, "rl_kwargs": {"n_epochs": 1, "gamma": 0.9}}}
+    assert merged == expected
+    assert base["rl"]["rl_kwargs"]["n_epochs"] == 10  # a copy: the base is kept
+    # --quick's environment override keeps the common one-process setting.
+    quick = learning_results.parse_args(["--quick"]).mlp_overrides
+    config = learning_results.mlp_config("pendulum", quick)
+    assert config["environment"] == {"parallel": False, "num_vec": 2}
+    assert config["total_timesteps"] == quick["total_timesteps"]
 
 
 @pytest.mark.expensive  # a dozen fresh processes: minutes on two shared cores
