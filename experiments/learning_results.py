@@ -844,6 +844,27 @@ def plot(
     plt.close(fig)
 
 
+def _mlp_order(row: Mapping[str, Any]) -> Tuple[int, int, int, int, int]:
+    """Environment, seed, then upstream, whole batch, minibatch, two passes."""
+    envs = list(MLP_ENVS)
+    setting = str(row["setting"])
+    return (
+        envs.index(row["env"]) if row["env"] in envs else len(envs),
+        int(row["seed"]),
+        setting != UPSTREAM,
+        "two passes" in setting,
+        "minibatch" in setting,
+    )
+
+
+def _pong_order(row: Mapping[str, Any]) -> Tuple[int, int, int]:
+    """Seed, then minibatch 4, minibatch 16, whole batch, two passes."""
+    setting = str(row["setting"])
+    minibatch = setting.split()[-1] if setting.startswith("minibatch") else ""
+    rank = 2 + ("two passes" in setting) if not minibatch else 0
+    return int(row["seed"]), rank, int(minibatch) if minibatch.isdigit() else 0
+
+
 def write_report(
     out_dir: pathlib.Path,
     args: argparse.Namespace,
@@ -855,6 +876,10 @@ def write_report(
     """Writes ``learning_results.{md,json,png}``."""
     made_by = _results.made_by()
     out_dir.mkdir(parents=True, exist_ok=True)
+    # Rows read back from a run's output come in the order the runs ended.
+    mlp_rows = sorted(mlp_rows, key=_mlp_order)
+    if pong is not None:
+        pong = dict(pong, rows=sorted(pong["rows"], key=_pong_order))
     parts = [
         "# Learning results: the package against imitation 1.0.1",
         "",
