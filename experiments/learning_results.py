@@ -977,11 +977,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "instead of run again",
     )
     parser.add_argument("--pong-seeds", type=int, default=2)
-    parser.add_argument("--pong-pairs", type=int, default=320)
+    parser.add_argument("--pong-pairs", type=int, default=160)
     parser.add_argument("--pong-length", type=int, default=50)
-    parser.add_argument("--pong-steps", type=int, default=8000)
+    parser.add_argument("--pong-steps", type=int, default=4000)
     parser.add_argument("--pong-batch", type=int, default=24)
-    parser.add_argument("--pong-epochs", type=int, default=16)
+    parser.add_argument("--pong-epochs", type=int, default=3)
     parser.add_argument("--pong-lr", type=float, default=5e-3)
     parser.add_argument("--pong-held-out", type=float, default=0.25)
     parser.add_argument(
