@@ -241,3 +241,23 @@ def test_rows_reused_from_a_run_cut_short(learning_results, tmp_path):
     assert earlier["results"]["pong"]["data"]["steps"] == 10
     assert earlier["results"]["pong"]["data"]["epochs"] == 7
     assert "run.log" in earlier["made_by"]
+
+
+def test_rows_read_back_are_ordered_by_environment_seed_and_setting(learning_results):
+    upstream = learning_results.UPSTREAM
+    names = [upstream, "package, whole batch", "package, minibatch 5"]
+    names.append("package, two passes")
+    rows = [
+        dict(_mlp_row(name, seed, 0.0), env=env)
+        for env in ("seals_cartpole", "pendulum")
+        for seed in (0, 1)
+        for name in names
+    ]
+    shuffled = [rows[i] for i in np.random.default_rng(0).permutation(len(rows))]
+    assert sorted(shuffled, key=learning_results._mlp_order) == rows
+    pong = [
+        dict(setting=name, seed=seed)
+        for seed in (0, 1)
+        for name in ("minibatch 4", "minibatch 16", "whole batch (24)", "two passes")
+    ]
+    assert sorted(pong[::-1], key=learning_results._pong_order) == pong
