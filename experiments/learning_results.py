@@ -926,7 +926,9 @@ def write_report(
             "",
             table,
         ]
-    if pong is not None:
+    if pong is None:
+        parts += ["", "## Pong offline row: train_reward_model", "", "No Pong rows."]
+    else:
         table, summary = pong_tables(pong)
         results["pong"] = pong
         results["pong_summary"] = summary
