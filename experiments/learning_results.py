@@ -7,8 +7,9 @@ Two parts, every run in a fresh process:
    optimizer step, as upstream computes it), against this package's
    (``imitation_accum.scripts.train_preference_comparisons``) with the same named
    config and budgets, at the whole batch, a ``minibatch_size`` that does not
-   divide ``batch_size`` and a ``memory_budget`` that holds half a fragment, so
-   that every step runs two passes (read back from the run's log). Per run: the
+   divide ``batch_size`` and a ``memory_budget`` that holds three quarters of a
+   pair (a pair's two fragments do not fit in one chunk), so that every step runs
+   two passes (read back from the run's log). Per run: the
    agent's ground-truth return after training on the learned reward (the
    experiment's own ``imit_stats``, ``monitor_return_mean``) and the final reward
    net's accuracy on held-out pairs: fragments of fresh rollouts of the trained
@@ -25,14 +26,19 @@ Usage::
 
     python experiments/learning_results.py                 # docs/results/
     python experiments/learning_results.py --quick         # output/experiments/
-    python experiments/learning_results.py --parts pong --seeds 2
+    python experiments/learning_results.py --parts pong --pong-seeds 2
+    python experiments/learning_results.py --reuse mlp.log pong/learning_results.json
 
-Writes ``learning_results.md`` (tables), ``learning_results.json`` (rows) and
-``learning_results.png`` (plot) to the output directory (``--out-dir``).
+``--jobs`` runs go at a time (each a fresh process of ``--threads`` threads). Each
+run's row is printed as it ends, so ``--reuse`` can assemble a table from parts run
+separately, or from a run cut short. Writes ``learning_results.md`` (tables),
+``learning_results.json`` (rows) and ``learning_results.png`` (plot) to the output
+directory (``--out-dir``).
 ``--quick`` runs tiny budgets, one seed: it checks the script works.
 """
 
 import argparse
+import concurrent.futures
 import contextlib
 import csv
 import json
@@ -57,19 +63,40 @@ MLP_ENVS: Dict[str, Dict[str, Any]] = {
     "seals_cartpole": dict(
         gym_id="seals/CartPole-v0",
         config=dict(
-            total_timesteps=8_000,
-            total_comparisons=150,
-            num_iterations=4,
+            total_timesteps=30_000,
+            total_comparisons=200,
+            num_iterations=5,
             fragment_length=50,
+            # Episodes of 100 steps, not 500: a random policy's pole falls within
+            # about 20 steps, and in 500-step episodes nearly every fragment then
+            # holds no reward (tied pairs), from which no reward is learnt.
+            environment=dict(max_episode_steps=100),
         ),
     ),
     "pendulum": dict(
         gym_id="Pendulum-v1",
         config=dict(
-            total_timesteps=8_000,
-            total_comparisons=150,
-            num_iterations=4,
+            total_timesteps=40_000,
+            total_comparisons=200,
+            num_iterations=5,
             fragment_length=50,
+            # PPO as RL Baselines3 Zoo tunes it for Pendulum-v1 (its 4 x 1024 steps
+            # per update as 8 x 128): SB3's defaults, which imitation's named config
+            # keeps, do not learn Pendulum in this budget.
+            rl=dict(
+                batch_size=1024,
+                rl_kwargs=dict(
+                    batch_size=64,
+                    n_epochs=10,
+                    gae_lambda=0.95,
+                    gamma=0.9,
+                    learning_rate=1e-3,
+                    clip_range=0.2,
+                    use_sde=True,
+                    sde_sample_freq=4,
+                    ent_coef=0.0,
+                ),
+            ),
         ),
     ),
 }
@@ -82,15 +109,37 @@ MLP_BATCH = 32  # imitation's default batch_size
 MLP_MINIBATCH = 5  # does not divide MLP_BATCH (imitation 1.0.1 rejects it)
 
 #: The Pong row's reward net: imitation's CnnRewardNet, strided so that it trains
-#: on two CPU cores (stride 1 over 84x84 frames costs 10x more per frame).
+#: on two shared CPU cores (3x3 kernels at stride 3 still see every pixel, at a
+#: fifth of stride 1's positions per layer).
 PONG_NET_KWARGS: Dict[str, Any] = dict(
     use_action=False,
     use_next_state=True,
     hid_channels=(16, 16),
-    stride=2,
+    stride=3,
     padding=1,
 )
 PONG_ID = "imitation_accum/PongNoFrameskip-v4"
+PONG_TARGET = 0.85  # the issue's held-out accuracy target for the Pong row
+
+
+def _merged(base: Mapping[str, Any], updates: Mapping[str, Any]) -> Dict[str, Any]:
+    """``base`` updated by ``updates``, nested dicts merged key by key (copies)."""
+    merged = json.loads(json.dumps(base))
+    for key, value in updates.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merged(merged[key], value)
+        else:
+            merged[key] = json.loads(json.dumps(value))
+    return merged
+
+
+def mlp_config(named_config: str, overrides: Mapping[str, Any]) -> Dict[str, Any]:
+    """The config updates of an MLP run (both implementations).
+
+    The common settings, the environment's, then ``overrides`` (``--quick``,
+    ``--total-timesteps``, ...).
+    """
+    return _merged(_merged(MLP_COMMON, MLP_ENVS[named_config]["config"]), overrides)
 
 
 # --------------------------------------------------------------------------- workers
@@ -175,8 +224,7 @@ def mlp_worker(spec: Mapping[str, Any]) -> Dict[str, Any]:
     env = MLP_ENVS[spec["named_config"]]
     with tempfile.TemporaryDirectory(prefix="learning-results-") as scratch:
         run_dir = pathlib.Path(scratch) / "run"
-        updates = json.loads(json.dumps({**MLP_COMMON, **env["config"]}))
-        updates.update(spec.get("overrides", {}))
+        updates = mlp_config(spec["named_config"], spec.get("overrides", {}))
         updates["logging"] = dict(log_dir=str(run_dir), log_format_strs=["csv"])
         updates["reward_trainer_kwargs"] = dict(
             epochs=spec["epochs"], **spec["trainer_kwargs"]
@@ -235,7 +283,7 @@ def pong_worker(spec: Mapping[str, Any]) -> Dict[str, Any]:
                 dataset_path=spec["store"],
                 held_out_fraction=spec["held_out_fraction"],
                 reward_trainer_kwargs=kwargs,
-                reward=dict(net_kwargs=dict(PONG_NET_KWARGS)),
+                reward=dict(net_kwargs=dict(spec["net_kwargs"])),
                 logging=dict(log_dir=str(run_dir), log_format_strs=["csv"]),
                 seed=spec["seed"],
                 checkpoint_interval=-1,
@@ -284,7 +332,7 @@ def run_worker(kind: str, spec: Mapping[str, Any], threads: int) -> Dict[str, An
 
 
 def _mlp_budget(named_config: str, fragment_length: int) -> int:
-    """A ``memory_budget`` whose chunks hold half a fragment: two passes every step."""
+    """A ``memory_budget`` that holds 3/4 of a pair: two passes every step."""
     import gymnasium as gym
     from imitation.rewards import reward_nets
     from imitation.scripts.ingredients import reward as reward_ingredient
@@ -302,7 +350,8 @@ def _mlp_budget(named_config: str, fragment_length: int) -> int:
 
 
 def _splitting_budget(net: Any, env: Any, fragment_length: int) -> int:
-    # The trainer's own probe, on one pair of this shape; chunks of half a fragment.
+    # The trainer's own probe, on one pair of this shape. Chunks of 3/4 of a pair
+    # split every pair (two passes) in fewer chunks than half a fragment would.
     from imitation.algorithms import preference_comparisons as pc
     from imitation.data.types import TrajectoryWithRew
 
@@ -330,29 +379,40 @@ def _splitting_budget(net: Any, env: Any, fragment_length: int) -> int:
     )
     trainer._task.refresh_device()
     profile = trainer._profile(pair_table.read_preferences(dataset))
-    half = max(1, fragment_length // 2)
-    return int(profile.chunk_bytes(half, half))
+    if fragment_length < 2:
+        raise ValueError(
+            f"fragment_length={fragment_length}: two passes need 2 or more"
+        )
+    transitions = fragment_length + fragment_length // 2
+    return int(profile.chunk_bytes(transitions, transitions))
 
 
-def mlp_settings(named_config: str) -> List[Tuple[str, str, Dict[str, Any]]]:
+def mlp_settings(
+    named_config: str, overrides: Mapping[str, Any]
+) -> List[Tuple[str, str, Dict[str, Any]]]:
     """(setting, implementation, reward_trainer_kwargs) of the MLP rows."""
-    length = int(MLP_ENVS[named_config]["config"]["fragment_length"])
+    length = int(mlp_config(named_config, overrides)["fragment_length"])
     budget = _mlp_budget(named_config, length)
     return [
         (UPSTREAM, UPSTREAM, {}),
         ("package, whole batch", "package", {}),
-        (f"package, minibatch {MLP_MINIBATCH}", "package", {"minibatch_size": 5}),
+        (
+            f"package, minibatch {MLP_MINIBATCH}",
+            "package",
+            {"minibatch_size": MLP_MINIBATCH},
+        ),
         ("package, two passes", "package", {"memory_budget": budget}),
     ]
 
 
-def run_mlp(args: argparse.Namespace) -> List[Dict[str, Any]]:
-    """Every MLP run, seeds interleaved, in fresh processes."""
-    rows = []
-    for named_config in args.envs:
-        settings = mlp_settings(named_config)
-        for seed in range(args.seeds):
-            for setting, impl, trainer_kwargs in settings:
+def mlp_specs(args: argparse.Namespace) -> List[Tuple[str, Dict[str, Any]]]:
+    """Every MLP run's ("mlp", spec), seed by seed."""
+    specs = []
+    settings = {env: mlp_settings(env, args.mlp_overrides) for env in args.envs}
+    # Seed by seed, so that a run cut short leaves whole seeds of every environment.
+    for seed in range(args.seeds):
+        for named_config in args.envs:
+            for setting, impl, trainer_kwargs in settings[named_config]:
                 spec = dict(
                     named_config=named_config,
                     setting=setting,
@@ -363,10 +423,8 @@ def run_mlp(args: argparse.Namespace) -> List[Dict[str, Any]]:
                     overrides=args.mlp_overrides,
                     epochs=args.mlp_epochs,
                 )
-                row = run_worker("mlp", spec, args.threads)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-    return rows
+                specs.append(("mlp", spec))
+    return specs
 
 
 def _pong_fragments(steps: int, length: int, seed: int) -> Tuple[Any, np.ndarray]:
@@ -438,7 +496,7 @@ def make_pong_store(
 
 
 def pong_budget(length: int) -> int:
-    """A ``memory_budget`` whose chunks hold half a Pong fragment (two passes)."""
+    """A ``memory_budget`` that holds 3/4 of a pair of Pong fragments (two passes)."""
     import gymnasium as gym
     from imitation.rewards import reward_nets
 
@@ -452,20 +510,23 @@ def pong_budget(length: int) -> int:
     return _splitting_budget(net, env, length)
 
 
-def run_pong(args: argparse.Namespace, workdir: pathlib.Path) -> Dict[str, Any]:
-    """The Pong row: one store, each setting and seed in a fresh process."""
+def pong_specs(
+    args: argparse.Namespace, workdir: pathlib.Path
+) -> Tuple[Dict[str, Any], List[Tuple[str, Dict[str, Any]]]]:
+    """The Pong row's store (made in ``workdir``), its data and ("pong", spec)s."""
     store = workdir / "pong.store"
     data = make_pong_store(
         store, args.pong_pairs, args.pong_length, args.pong_steps, seed=0
     )
     print(json.dumps({"pong_data": data}), flush=True)
+    data.update(_pong_settings(args))
     settings = [
         ("minibatch 4", {"minibatch_size": 4}),
         ("minibatch 16", {"minibatch_size": 16}),
         (f"whole batch ({args.pong_batch})", {}),
         ("two passes", {"memory_budget": pong_budget(args.pong_length)}),
     ]
-    rows = []
+    specs = []
     for seed in range(args.pong_seeds):
         for setting, trainer_kwargs in settings:
             spec = dict(
@@ -477,12 +538,29 @@ def run_pong(args: argparse.Namespace, workdir: pathlib.Path) -> Dict[str, Any]:
                 epochs=args.pong_epochs,
                 lr=args.pong_lr,
                 held_out_fraction=args.pong_held_out,
+                net_kwargs=PONG_NET_KWARGS,
             )
-            row = run_worker("pong", spec, args.threads)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    data.update(_pong_settings(args))
-    return dict(data=data, rows=rows)
+            specs.append(("pong", spec))
+    return data, specs
+
+
+def run_workers(
+    specs: Sequence[Tuple[str, Mapping[str, Any]]], jobs: int, threads: int
+) -> List[Dict[str, Any]]:
+    """Runs every spec in a fresh process, ``jobs`` at a time; rows in spec order.
+
+    Each row is printed as its run ends, so that a run cut short leaves the rows
+    it finished in its output (``--reuse`` reads them back).
+    """
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(run_worker, kind, spec, threads) for kind, spec in specs]
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                print(json.dumps(future.result()), flush=True)
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # the runs under way still end
+            raise
+        return [future.result() for future in futures]
 
 
 def _pong_settings(args: argparse.Namespace) -> Dict[str, Any]:
@@ -572,7 +650,34 @@ def mlp_tables(rows: List[Dict[str, Any]]) -> Tuple[str, List[Dict[str, Any]]]:
             f"upstream's seed range: "
             f"{'yes' if all(s['within_upstream_range'] for s in package) else 'no'}.",
         ]
+        same_seed = _same_seed_differences(
+            [r for r in rows if r["setting"] != UPSTREAM],
+            ("gt_return", "held_out_accuracy"),
+        )
+        lines += [
+            "",
+            "Largest difference between the package's settings at the same seed "
+            "(the same update up to round-off, which training amplifies): return "
+            f"{_fmt(same_seed['gt_return'], 1)}, held-out accuracy "
+            f"{_fmt(same_seed['held_out_accuracy'])}.",
+        ]
     return "\n".join(lines), summary
+
+
+def _same_seed_differences(
+    rows: Sequence[Mapping[str, Any]], keys: Sequence[str]
+) -> Dict[str, float]:
+    """Per key, the largest max - min over the rows of one environment and seed."""
+    groups: Dict[Tuple[Any, Any], List[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r.get("env"), r["seed"]), []).append(r)
+    return {
+        key: max(
+            (max(r[key] for r in g) - min(r[key] for r in g) for g in groups.values()),
+            default=0.0,
+        )
+        for key in keys
+    }
 
 
 def pong_tables(pong: Dict[str, Any]) -> Tuple[str, List[Dict[str, Any]]]:
@@ -637,6 +742,34 @@ def pong_tables(pong: Dict[str, Any]) -> Tuple[str, List[Dict[str, Any]]]:
     ]
     for epoch, (gap, spread) in enumerate(zip(gaps, spreads)):
         lines.append(f"| {epoch + 1} | {_fmt(gap)} | {_fmt(spread)} |")
+    widest = int(np.argmax(gaps))
+    below = all(gap < spread for gap, spread in zip(gaps, spreads))
+    reached = [s["setting"] for s in summary if s["final_median"] >= PONG_TARGET]
+    lines += [
+        "",
+        f"Settings whose median final held-out accuracy is at least {PONG_TARGET}: "
+        f"{len(reached)} of {len(summary)}"
+        + (f" ({', '.join(reached)})" if reached else "")
+        + ". Largest gap between settings' mean accuracy: "
+        f"{_fmt(gaps[widest])} (epoch {widest + 1}); below the seed-to-seed spread "
+        f"at every epoch: {'yes' if below else 'no'}.",
+    ]
+    same_seed = max(
+        (
+            max(r["accuracy"][e] for r in rows if r["seed"] == seed)
+            - min(r["accuracy"][e] for r in rows if r["seed"] == seed)
+            for seed in seeds
+            for e in range(epochs)
+            if all(len(r["accuracy"]) > e for r in rows)
+        ),
+        default=0.0,
+    )
+    lines += [
+        "",
+        "Largest difference between settings at the same seed and epoch (the same "
+        "update up to round-off, which AdamW amplifies): "
+        f"{_fmt(same_seed)}.",
+    ]
     for s in summary:
         s["epoch_gaps"] = gaps
         s["epoch_seed_spreads"] = spreads
@@ -668,14 +801,18 @@ def plot(
         for i, setting in enumerate(settings):
             for r in (r for r in pong["rows"] if r["setting"] == setting):
                 epochs = np.arange(1, len(r["accuracy"]) + 1)
+                # Settings of one seed nearly coincide: styles tell them apart.
                 ax.plot(
                     epochs,
                     r["accuracy"],
                     color=f"C{i}",
-                    marker="o",
+                    marker="os^D"[i % 4],
+                    linestyle=("-", "--", ":", "-.")[i % 4],
+                    markersize=7 - 1.5 * (i % 4),
                     alpha=0.8,
                     label=setting if r["seed"] == 0 else None,
                 )
+        ax.axhline(PONG_TARGET, color="grey", linewidth=0.8, linestyle=":")
         ax.set_xlabel("epoch")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("held-out accuracy (non-tied pairs)")
@@ -707,6 +844,27 @@ def plot(
     plt.close(fig)
 
 
+def _mlp_order(row: Mapping[str, Any]) -> Tuple[int, int, int, int, int]:
+    """Environment, seed, then upstream, whole batch, minibatch, two passes."""
+    envs = list(MLP_ENVS)
+    setting = str(row["setting"])
+    return (
+        envs.index(row["env"]) if row["env"] in envs else len(envs),
+        int(row["seed"]),
+        setting != UPSTREAM,
+        "two passes" in setting,
+        "minibatch" in setting,
+    )
+
+
+def _pong_order(row: Mapping[str, Any]) -> Tuple[int, int, int]:
+    """Seed, then minibatch 4, minibatch 16, whole batch, two passes."""
+    setting = str(row["setting"])
+    minibatch = setting.split()[-1] if setting.startswith("minibatch") else ""
+    rank = 2 + ("two passes" in setting) if not minibatch else 0
+    return int(row["seed"]), rank, int(minibatch) if minibatch.isdigit() else 0
+
+
 def write_report(
     out_dir: pathlib.Path,
     args: argparse.Namespace,
@@ -718,6 +876,10 @@ def write_report(
     """Writes ``learning_results.{md,json,png}``."""
     made_by = _results.made_by()
     out_dir.mkdir(parents=True, exist_ok=True)
+    # Rows read back from a run's output come in the order the runs ended.
+    mlp_rows = sorted(mlp_rows, key=_mlp_order)
+    if pong is not None:
+        pong = dict(pong, rows=sorted(pong["rows"], key=_pong_order))
     parts = [
         "# Learning results: the package against imitation 1.0.1",
         "",
@@ -741,7 +903,7 @@ def write_report(
         table, summary = mlp_tables(mlp_rows)
         results["mlp_summary"] = summary
         budgets = {
-            env: {**MLP_ENVS[env]["config"], **MLP_COMMON, **args.mlp_overrides}
+            env: mlp_config(env, args.mlp_overrides)
             for env in dict.fromkeys(r["env"] for r in mlp_rows)
         }
         parts += [
@@ -753,14 +915,20 @@ def write_report(
             f"`batch_size={MLP_BATCH}`. Return: "
             "the experiment's `imit_stats` (`monitor_return_mean`, ground truth). "
             "Held-out accuracy: the final reward net on pairs of fragments of fresh "
-            "rollouts (the trained agent's and a random policy's), labelled by true "
-            "return, ties left out. Two-pass log rows: rows of the run's "
+            "rollouts (the trained agent's and a random policy's, four episodes "
+            "each, in episodes of the environment's registered length: 500 steps "
+            "on seals/CartPole-v0, where training and the return use the config's "
+            "`max_episode_steps`), labelled by true return, ties left out. "
+            "Two-pass log rows: rows of the run's "
             "`progress.csv` whose `two_pass` is 1, out of those that have the key "
-            "(imitation's trainer logs none).",
+            "(imitation's trainer logs none). For reference, imitation's Pendulum "
+            "tutorial (its PR #453) reports 95.1% reward accuracy at 10k timesteps.",
             "",
             table,
         ]
-    if pong is not None:
+    if pong is None:
+        parts += ["", "## Pong offline row: train_reward_model", "", "No Pong rows."]
+    else:
         table, summary = pong_tables(pong)
         results["pong"] = pong
         results["pong_summary"] = summary
@@ -772,7 +940,9 @@ def write_report(
             f"`{PONG_ID}` (score masked); pairs of random fragments, ties left out, "
             "preference by true return; `CnnRewardNet` with "
             f"`{json.dumps(PONG_NET_KWARGS)}` (imitation's other defaults). "
-            "Accuracy: `train_reward_model`'s held-out split, after each epoch.",
+            "Accuracy: `train_reward_model`'s held-out split, after each epoch "
+            "(its pairs are never trained on; all fragments are cut from one "
+            "trajectory, so held-out fragments may overlap training ones).",
             "",
             table,
         ]
@@ -808,22 +978,27 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "output (the rows they printed): their parts are taken from there "
         "instead of run again",
     )
-    parser.add_argument("--pong-seeds", type=int, default=3)
-    parser.add_argument("--pong-pairs", type=int, default=320)
+    parser.add_argument("--pong-seeds", type=int, default=2)
+    parser.add_argument("--pong-pairs", type=int, default=160)
     parser.add_argument("--pong-length", type=int, default=50)
-    parser.add_argument("--pong-steps", type=int, default=6000)
-    parser.add_argument("--pong-batch", type=int, default=32)
-    parser.add_argument("--pong-epochs", type=int, default=6)
-    parser.add_argument("--pong-lr", type=float, default=2e-3)
+    parser.add_argument("--pong-steps", type=int, default=4000)
+    parser.add_argument("--pong-batch", type=int, default=24)
+    parser.add_argument("--pong-epochs", type=int, default=3)
+    parser.add_argument("--pong-lr", type=float, default=5e-3)
     parser.add_argument("--pong-held-out", type=float, default=0.25)
     parser.add_argument(
-        "--threads", type=int, default=2, help="OMP threads of each worker"
+        "--jobs", type=int, default=2, help="runs at a time (fresh processes)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="OMP threads of each run"
     )
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     _results.add_out_dir(parser)
     args = parser.parse_args(argv)
     args.mlp_overrides = {}
-    args.mlp_epochs = 3
+    # One epoch per iteration: imitation's first training phase runs 200 times as
+    # many (initial_epoch_multiplier), and the two-pass runs cost one step per chunk.
+    args.mlp_epochs = 1
     if args.quick:
         args.seeds = min(args.seeds, 1)
         args.pong_seeds = min(args.pong_seeds, 1)
@@ -902,23 +1077,33 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         raise SystemExit(f"--parts={args.parts!r}: give mlp, pong or mlp,pong")
     start, load0 = time.perf_counter(), os.getloadavg()[0]
     mlp_rows: List[Dict[str, Any]] = []
-    pong = None
+    pong: Optional[Dict[str, Any]] = None
+    pong_data: Dict[str, Any] = {}
     reused: List[str] = []
     for path in args.reuse:
         earlier = _earlier_results(path, args)
         if earlier["results"].get("mlp"):
-            mlp_rows = earlier["results"]["mlp"]
+            mlp_rows += earlier["results"]["mlp"]  # e.g. one file per environment
             parts.discard("mlp")
             reused.append(f"MLP rows: {earlier['made_by']}")
         if earlier["results"].get("pong"):
             pong = earlier["results"]["pong"]
             parts.discard("pong")
             reused.append(f"Pong row: {earlier['made_by']}")
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs={args.jobs}: give 1 or more")
+    with _workdir() as workdir:
+        specs: List[Tuple[str, Dict[str, Any]]] = []
+        if "pong" in parts:
+            # First: the longest runs, so that the last to end is a short one.
+            pong_data, specs = pong_specs(args, workdir)
+        if "mlp" in parts:
+            specs += mlp_specs(args)
+        rows = run_workers(specs, args.jobs, args.threads)
     if "mlp" in parts:
-        mlp_rows = run_mlp(args)
+        mlp_rows = [r for r in rows if r["part"] == "mlp"]
     if "pong" in parts:
-        with _workdir() as workdir:
-            pong = run_pong(args, workdir)
+        pong = dict(data=pong_data, rows=[r for r in rows if r["part"] == "pong"])
     args.reused = reused
     args.ran = bool(parts)
     write_report(

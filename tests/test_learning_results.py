@@ -107,6 +107,9 @@ def test_mlp_summary_compares_medians_with_upstreams_range(learning_results):
     assert by_setting[upstream]["accuracy_median"] == pytest.approx(0.6)
     assert "Largest difference of a median return from upstream's: 30.0" in text
     assert "(seals_cartpole, outside)" in text
+    # Seed 2: the package's settings gave 90.0 and 60.0 (upstream's row left out).
+    assert "at the same seed (the same update up to round-off, which training " in text
+    assert "amplifies): return 30.0, held-out accuracy 0.000." in text
 
 
 def test_pong_summary_gaps_and_seed_spread(learning_results):
@@ -135,6 +138,31 @@ def test_pong_summary_gaps_and_seed_spread(learning_results):
         "b": pytest.approx(0.8),
     }
     assert "| a | 0 | 0.500 | 0.700 |" in text
+    assert "at least 0.85: 0 of 2." in text
+    assert "Largest gap between settings' mean accuracy: 0.100 (epoch 1)" in text
+    assert "below the seed-to-seed spread at every epoch: yes." in text
+    assert "at the same seed and epoch (the same update" in text
+    assert text.rstrip().endswith("AdamW amplifies): 0.100.")
+    # Epoch 1: a gap of 0.1 between settings, none between seeds' means.
+    rows[0] = row("a", 0, [0.9, 0.9])
+    rows[2] = row("b", 0, [0.6, 0.8])
+    rows[3] = row("b", 1, [0.8, 1.0])
+    text, _ = learning_results.pong_tables({"data": {}, "rows": rows})
+    assert "at least 0.85: 2 of 2 (a, b)." in text
+    assert "below the seed-to-seed spread at every epoch: no." in text
+
+
+def test_mlp_config_merges_nested_updates(learning_results):
+    base = {"rl": {"batch_size": 8, "rl_kwargs": {"n_epochs": 10, "gamma": 0.9}}}
+    merged = learning_results._merged(base, {"rl": {"rl_kwargs": {"n_epochs": 1}}})
+    expected = {"rl": {"batch_size": 8, "rl_kwargs": {"n_epochs": 1, "gamma": 0.9}}}
+    assert merged == expected
+    assert base["rl"]["rl_kwargs"]["n_epochs"] == 10  # a copy: the base is kept
+    # --quick's environment override keeps the common one-process setting.
+    quick = learning_results.parse_args(["--quick"]).mlp_overrides
+    config = learning_results.mlp_config("pendulum", quick)
+    assert config["environment"] == {"parallel": False, "num_vec": 2}
+    assert config["total_timesteps"] == quick["total_timesteps"]
 
 
 @pytest.mark.expensive  # a dozen fresh processes: minutes on two shared cores
@@ -213,3 +241,23 @@ def test_rows_reused_from_a_run_cut_short(learning_results, tmp_path):
     assert earlier["results"]["pong"]["data"]["steps"] == 10
     assert earlier["results"]["pong"]["data"]["epochs"] == 7
     assert "run.log" in earlier["made_by"]
+
+
+def test_rows_read_back_are_ordered_by_environment_seed_and_setting(learning_results):
+    upstream = learning_results.UPSTREAM
+    names = [upstream, "package, whole batch", "package, minibatch 5"]
+    names.append("package, two passes")
+    rows = [
+        dict(_mlp_row(name, seed, 0.0), env=env)
+        for env in ("seals_cartpole", "pendulum")
+        for seed in (0, 1)
+        for name in names
+    ]
+    shuffled = [rows[i] for i in np.random.default_rng(0).permutation(len(rows))]
+    assert sorted(shuffled, key=learning_results._mlp_order) == rows
+    pong = [
+        dict(setting=name, seed=seed)
+        for seed in (0, 1)
+        for name in ("minibatch 4", "minibatch 16", "whole batch (24)", "two passes")
+    ]
+    assert sorted(pong[::-1], key=learning_results._pong_order) == pong
