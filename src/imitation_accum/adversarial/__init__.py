@@ -1,9 +1,9 @@
 """AIRL and GAIL whose discriminator update is accumulated exactly."""
 
 from imitation_accum.adversarial.arguments import (
+    DiscriminatorSettings,
     policy_observations,
-    resolve_minibatch_size,
 )
 from imitation_accum.adversarial.trainers import AIRL, GAIL
 
-__all__ = ["AIRL", "GAIL", "policy_observations", "resolve_minibatch_size"]
+__all__ = ["AIRL", "GAIL", "DiscriminatorSettings", "policy_observations"]
