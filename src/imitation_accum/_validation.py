@@ -53,11 +53,7 @@ def positive_int(name: str, value: object, *, optional: bool = False) -> Any:
     """
     if optional and value is None:
         return None
-    if not _is_int(value):
-        raise TypeError(f"{name} must be a positive int, got {value!r}.")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}.")
-    return int(value)
+    return _int_from(name, value, 1, "a positive int")
 
 
 def non_negative_int(name: str, value: object) -> int:
@@ -67,10 +63,14 @@ def non_negative_int(name: str, value: object) -> int:
         TypeError: if ``value`` is not an int.
         ValueError: if it is negative.
     """
+    return _int_from(name, value, 0, "an int >= 0")
+
+
+def _int_from(name: str, value: object, low: int, kind: str) -> int:
     if not _is_int(value):
-        raise TypeError(f"{name} must be an int >= 0, got {value!r}.")
-    if value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}.")
+        raise TypeError(f"{name} must be {kind}, got {value!r}.")
+    if value < low:
+        raise ValueError(f"{name} must be {kind}, got {value!r}.")
     return int(value)
 
 
