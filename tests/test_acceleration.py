@@ -265,16 +265,24 @@ def test_defaults_off_and_parse():
 
 
 @pytest.mark.parametrize(
-    "value, message",
+    "value, error, message",
     [
-        ({"pinned": True}, "acceleration.pinned is not an acceleration option"),
-        ({"compile": 1}, r"acceleration\.compile must be a bool \(True or False\)"),
-        ({"compile_backend": ""}, "acceleration.compile_backend"),
-        ("all", "acceleration must be an Acceleration"),
+        (
+            {"pinned": True},
+            ValueError,
+            "acceleration.pinned is not an acceleration option",
+        ),
+        (
+            {"compile": 1},
+            TypeError,
+            r"acceleration\.compile must be a bool \(True or False\)",
+        ),
+        ({"compile_backend": ""}, ValueError, "acceleration.compile_backend"),
+        ("all", TypeError, "acceleration must be an Acceleration"),
     ],
 )
-def test_bad_options_named_before_training(value, message):
-    with pytest.raises(ValueError, match=message):
+def test_bad_options_named_before_training(value, error, message):
+    with pytest.raises(error, match=message):
         make_trainer(make_cnn(), acceleration=value)
 
 
@@ -286,7 +294,7 @@ def test_numpy_bools_are_bools_and_strings_are_refused(field):
     assert Acceleration.parse({field: np.False_}) == Acceleration(**{field: False})
     for value in ("false", "True", 1, None):
         with pytest.raises(
-            ValueError,
+            TypeError,
             match=rf"^acceleration\.{field} must be a bool \(True or False\), got "
             rf"{re.escape(repr(value))}",
         ):
@@ -296,7 +304,7 @@ def test_numpy_bools_are_bools_and_strings_are_refused(field):
 def test_bad_options_named_with_config_key():
     with pytest.raises(ValueError, match=r"reward_trainer_kwargs\.acceleration\.x "):
         Acceleration.parse({"x": True}, "reward_trainer_kwargs.acceleration")
-    with pytest.raises(ValueError, match=r"algorithm_kwargs\.acceleration\.compile "):
+    with pytest.raises(TypeError, match=r"algorithm_kwargs\.acceleration\.compile "):
         Acceleration.parse({"compile": "yes"}, "algorithm_kwargs.acceleration")
 
 

@@ -77,7 +77,7 @@ def test_constructor_refuses_a_flag_that_is_not_a_bool(algo, flag, value, venv, 
     # The same check as the config hook's, so both name the argument alike.
     ours_cls, _ = ALGOS[algo]
     with pytest.raises(
-        ValueError, match=rf"^{flag} must be a bool \(True or False\), got"
+        TypeError, match=rf"^{flag} must be a bool \(True or False\), got"
     ):
         setup.make_trainer(
             ours_cls,
@@ -119,3 +119,30 @@ def test_config_hook_names_the_key_the_default_optimizer_refuses(algo):
         train_adversarial.check_algorithm_kwargs(
             config, algo.lower(), logging.getLogger(__name__)
         )
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "error", "match"),
+    [
+        ("max_grad_norm", -1.0, ValueError, r"^max_grad_norm must be a positive"),
+        ("memory_budget", "lots", ValueError, r"^memory_budget='lots' does not parse"),
+        ("demo_minibatch_size", 2.5, TypeError, r"^demo_minibatch_size must be a"),
+        ("acceleration", "all", TypeError, r"^acceleration must be an Acceleration"),
+    ],
+)
+def test_a_setting_assigned_after_construction_is_checked_by_train_disc(
+    name, value, error, match, venv, ppo
+):
+    # The constructor's check, run again on the attributes before any update.
+    trainer = setup.make_trainer(
+        ALGOS["GAIL"][0],
+        make_net("GAIL", venv),
+        venv=venv,
+        gen_algo=ppo,
+        demo_batch_size=BATCH,
+    )
+    before = setup.flat_params(trainer._reward_net)
+    setattr(trainer, name, value)
+    with pytest.raises(error, match=match):
+        trainer.train_disc()
+    assert np.array_equal(setup.flat_params(trainer._reward_net), before)

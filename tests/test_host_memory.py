@@ -120,5 +120,5 @@ def test_option_parsed_from_a_config_mapping():
     assert not Acceleration().any  # the off-by-default options
     parsed = Acceleration.parse({"reuse_host_memory": False})
     assert parsed == Acceleration(reuse_host_memory=False)
-    with pytest.raises(ValueError, match=r"acceleration\.reuse_host_memory must be"):
+    with pytest.raises(TypeError, match=r"acceleration\.reuse_host_memory must be"):
         Acceleration.parse({"reuse_host_memory": "no"})

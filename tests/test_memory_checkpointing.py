@@ -130,7 +130,7 @@ def test_checkpointing_leaves_the_net_unchanged(rng):
     pickle.dumps(net)  # imitation saves reward nets whole
 
 
-@pytest.mark.parametrize("value", [True, "yes"])
-def test_checkpointing_needs_a_cnn_and_a_bool(value):
-    with pytest.raises(ValueError, match="activation_checkpointing"):
+@pytest.mark.parametrize(("value", "error"), [(True, ValueError), ("yes", TypeError)])
+def test_checkpointing_needs_a_cnn_and_a_bool(value, error):
+    with pytest.raises(error, match="activation_checkpointing"):
         make_trainer(make_net(), activation_checkpointing=value)

@@ -7,13 +7,14 @@ next ``train()``, as in imitation.
 
 import copy
 
+import numpy as np
 import pytest
 import torch as th
 from imitation.util import logger as imit_logger
 
 from imitation_accum.planning import plan as planning
 from imitation_accum.planning import probe
-from imitation_accum.preference import pair_table
+from imitation_accum.preference import arguments, pair_table
 from tests import reference as ref
 from tests.test_preference_exactness import TOL, make_net, make_trainer
 
@@ -148,31 +149,64 @@ def test_an_assigned_optimizer_and_logger_are_used(rng, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name, value, match",
+    "name, value, error, match",
     [
-        ("minibatch_size", 7, "minibatch_size=7 must not exceed batch_size=6"),
-        ("minibatch_size", 0, "minibatch_size must be a positive int"),
-        ("epochs", 0, "epochs must be a positive int"),
-        ("forward_size", "fast", "forward_size must be a positive int or 'auto'"),
-        ("two_pass", "yes", "two_pass must be None or a bool"),
-        ("memory_budget", "lots", "memory_budget"),
+        (
+            "minibatch_size",
+            7,
+            ValueError,
+            "minibatch_size=7 must not exceed batch_size",
+        ),
+        ("minibatch_size", 0, ValueError, "minibatch_size must be a positive int"),
+        ("batch_size", 2.0, TypeError, "batch_size must be a positive int, got 2.0"),
+        ("epochs", 0, ValueError, "epochs must be a positive int"),
+        ("forward_size", "fast", ValueError, "forward_size must be a positive int or"),
+        ("two_pass", "yes", TypeError, "two_pass must be None or a bool"),
+        ("memory_budget", "lots", ValueError, "memory_budget='lots' does not parse"),
+        ("memory_budget", [6], TypeError, "memory_budget must be bytes"),
+        ("lr", -1.0, ValueError, "lr must be a finite number >= 0, got -1.0"),
+        ("max_grad_norm", 0, ValueError, "max_grad_norm must be a positive finite"),
+        ("drop_last", "no", TypeError, "drop_last must be a bool"),
     ],
 )
 def test_bad_settings_assigned_after_construction_fail_before_training(
-    rng, name, value, match
+    rng, name, value, error, match
 ):
+    # Assignment takes anything, as imitation's attributes do; the next train()
+    # parses and checks the setting as the constructor does, before any step.
     dataset = ref.make_dataset(rng, 6, (3, 4))
     trainer = make_trainer(make_net(), batch_size=6)
     before = [p.clone() for p in params(trainer)]
     setattr(trainer, name, value)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error, match=f"^{match}"):
         trainer.train(dataset)
     for a, b in zip(before, params(trainer)):
         assert th.equal(a, b)
+    with pytest.raises(error, match=f"^{match}"):  # the constructor's own check
+        make_trainer(make_net(), **{"batch_size": 6, name: value})
 
 
-@pytest.mark.parametrize("name, value", [("lr", -1.0), ("max_grad_norm", 0)])
-def test_bad_step_settings_are_refused_when_assigned(name, value):
-    trainer = make_trainer(make_net(), batch_size=6)
-    with pytest.raises(ValueError, match=name):
-        setattr(trainer, name, value)
+def test_a_setting_is_checked_where_it_is_given_with_the_given_name():
+    # One check of each setting: the constructor's message, prefixed in a hook's.
+    with pytest.raises(ValueError) as constructed:
+        make_trainer(make_net(), batch_size=4, minibatch_size=5)
+    with pytest.raises(ValueError) as configured:
+        arguments.TrainerSettings(
+            batch_size=4, minibatch_size=5, key_prefix="reward_trainer_kwargs."
+        )
+    assert str(constructed.value) == "minibatch_size=5 must not exceed batch_size=4."
+    assert str(configured.value) == (
+        "reward_trainer_kwargs.minibatch_size=5 must not exceed "
+        "reward_trainer_kwargs.batch_size=4."
+    )
+
+
+def test_parsed_settings_are_what_train_uses(rng):
+    trainer = make_trainer(make_net(), batch_size=6, forward_size=4)
+    trainer.memory_budget = "6GiB"
+    trainer.max_grad_norm = np.float32(0.5)
+    trainer.drop_last = np.True_
+    trainer.train(ref.make_dataset(rng, 6, (3, 4)))
+    assert trainer.memory_budget == 6 * 2**30
+    assert type(trainer.max_grad_norm) is float and trainer.engine.max_grad_norm == 0.5
+    assert trainer.drop_last is True

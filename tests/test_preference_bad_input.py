@@ -15,26 +15,26 @@ from tests.test_preference_exactness import make_net, make_trainer
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "name"),
+    ("kwargs", "name", "error"),
     [
-        ({"batch_size": 0}, "batch_size"),
-        ({"batch_size": 2.5}, "batch_size"),
-        ({"batch_size": True}, "batch_size"),
-        ({"minibatch_size": 0}, "minibatch_size"),
-        ({"minibatch_size": -3}, "minibatch_size"),
-        ({"minibatch_size": "4"}, "minibatch_size"),
-        ({"batch_size": 4, "minibatch_size": 5}, "minibatch_size"),
-        ({"epochs": 0}, "epochs"),
-        ({"lr": -1.0}, "lr"),
-        ({"forward_size": 0}, "forward_size"),
-        ({"forward_size": "fast"}, "forward_size"),
-        ({"max_grad_norm": 0.0}, "max_grad_norm"),
-        ({"max_grad_norm": float("nan")}, "max_grad_norm"),
-        ({"drop_last": "yes"}, "drop_last"),
+        ({"batch_size": 0}, "batch_size", ValueError),
+        ({"batch_size": 2.5}, "batch_size", TypeError),
+        ({"batch_size": True}, "batch_size", TypeError),
+        ({"minibatch_size": 0}, "minibatch_size", ValueError),
+        ({"minibatch_size": -3}, "minibatch_size", ValueError),
+        ({"minibatch_size": "4"}, "minibatch_size", TypeError),
+        ({"batch_size": 4, "minibatch_size": 5}, "minibatch_size", ValueError),
+        ({"epochs": 0}, "epochs", ValueError),
+        ({"lr": -1.0}, "lr", ValueError),
+        ({"forward_size": 0}, "forward_size", ValueError),
+        ({"forward_size": "fast"}, "forward_size", ValueError),
+        ({"max_grad_norm": 0.0}, "max_grad_norm", ValueError),
+        ({"max_grad_norm": float("nan")}, "max_grad_norm", ValueError),
+        ({"drop_last": "yes"}, "drop_last", TypeError),
     ],
 )
-def test_bad_arguments_name_themselves(kwargs, name):
-    with pytest.raises(ValueError, match=name):
+def test_bad_arguments_name_themselves(kwargs, name, error):
+    with pytest.raises(error, match=name):
         make_trainer(make_net(), **kwargs)
 
 

@@ -285,7 +285,7 @@ def test_switch_off_is_imitations_path(caplog: pytest.LogCaptureFixture) -> None
     [
         ({"batched": 1}, TypeError, "batched must be a bool"),
         ({"call_size": 0}, ValueError, "call_size must be a positive int"),
-        ({"call_size": 2.5}, ValueError, "call_size"),
+        ({"call_size": 2.5}, TypeError, "call_size"),
     ],
 )
 def test_bad_arguments(kwargs: Dict[str, Any], error: type, match: str) -> None:

@@ -2,11 +2,13 @@
 
 import csv
 import math
+import os
 import pathlib
 import subprocess
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import sacred
+import torch as th
 
 
 def run(
@@ -70,3 +72,10 @@ def assert_finite_losses(rows: List[Dict[str, float]], key_part: str) -> int:
     assert values, f"no logged key contains {key_part!r}"
     assert all(math.isfinite(v) for v in values), values
     return len(values)
+
+
+def largest_memory_bytes() -> int:
+    """The most memory a device of this machine has, host or GPU."""
+    host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    gpus = range(th.cuda.device_count() if th.cuda.is_available() else 0)
+    return max([host, *(th.cuda.get_device_properties(i).total_memory for i in gpus)])

@@ -5,12 +5,12 @@ import sacred.utils
 import torch as th
 from imitation.util import util
 
-from imitation_accum.planning import budget
 from imitation_accum.scripts.train_adversarial import train_adversarial_ex
 from imitation_accum.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex,
 )
 from imitation_accum.scripts.train_reward_model import train_reward_model_ex
+from tests.scripts.helpers import largest_memory_bytes
 
 
 @pytest.fixture(autouse=True)
@@ -45,9 +45,12 @@ def test_misspelled_trainer_argument(key, near):
         run_pc(reward_trainer_kwargs={key: 4})
 
 
-@pytest.mark.parametrize("minibatch_size", [0, -3, 2.5, "4"])
-def test_invalid_minibatch_size(minibatch_size):
-    with pytest.raises(ValueError, match=r"reward_trainer_kwargs\.minibatch_size"):
+@pytest.mark.parametrize(
+    ("minibatch_size", "error"),
+    [(0, ValueError), (-3, ValueError), (2.5, TypeError), ("4", TypeError)],
+)
+def test_invalid_minibatch_size(minibatch_size, error):
+    with pytest.raises(error, match=r"reward_trainer_kwargs\.minibatch_size"):
         run_pc(reward_trainer_kwargs={"minibatch_size": minibatch_size})
 
 
@@ -165,13 +168,6 @@ def _checked_before_anything_ran(tmp_path):
     ("updates", "match"),
     [
         ({"environment.num_vec": 0}, r"environment\.num_vec must be a positive int"),
-        ({"environment.parallel": "no"}, r"environment\.parallel must be a bool"),
-        ({"save_preferences": "false"}, r"save_preferences must be a bool"),
-        ({"active_selection": "maybe"}, r"active_selection must be a bool"),
-        (
-            {"reward_trainer_kwargs.progress_bar": "False"},
-            r"reward_trainer_kwargs\.progress_bar must be a bool",
-        ),
         ({"query_schedule": "foo"}, r"query_schedule='foo' must be one of"),
         (
             {"transition_oversampling": 0},
@@ -182,18 +178,11 @@ def _checked_before_anything_ran(tmp_path):
             r"gatherer_kwargs\.foo: SyntheticGatherer has no argument 'foo'",
         ),
         (
-            {"gatherer_kwargs.sample": "no"},
-            r"gatherer_kwargs\.sample must be a bool",
-        ),
-        (
             {"reward_trainer_kwargs.optimizer_kwargs": {"weight_decay": -1}},
             r"reward_trainer_kwargs\.optimizer_kwargs\.weight_decay=-1 refused by "
             r"AdamW: ValueError: Invalid weight_decay value: -1",
         ),
         ({"held_out_pairs": -1}, r"held_out_pairs must be an int >= 0, got -1"),
-        ({"held_out_pairs": 2.5}, r"held_out_pairs must be an int >= 0, got 2\.5"),
-        ({"held_out_pairs": True}, r"held_out_pairs must be an int >= 0, got True"),
-        ({"seed": "abc"}, r"seed must be an int >= 0, got 'abc'"),
         ({"seed": -1}, r"seed must be an int >= 0"),
         (
             {"logging.log_format_strs": ["nope"]},
@@ -202,10 +191,6 @@ def _checked_before_anything_ran(tmp_path):
         (
             {"reward.net_kwargs.foo": 1},
             r"reward\.net_kwargs\.foo: BasicRewardNet has no argument 'foo'",
-        ),
-        (
-            {"reward.net_kwargs.use_state": "false"},
-            r"reward\.net_kwargs\.use_state must be a bool",
         ),
         (
             {"reward.normalize_output_layer": "foo"},
@@ -224,9 +209,9 @@ def _checked_before_anything_ran(tmp_path):
                 "rl.rl_kwargs.device": "cpu",
                 "reward_trainer_kwargs.autocast_dtype": "float16",
             },
-            r"reward_trainer_kwargs\.autocast_dtype='float16' with "
-            r"rl\.rl_kwargs\.device='cpu' \(cpu\): autocast_dtype='float16' needs a "
-            r"CUDA device",
+            r"reward_trainer_kwargs\.autocast_dtype='float16' on cpu: "
+            r"autocast_dtype='float16' needs a CUDA device.* "
+            r"\(rl\.rl_kwargs\.device='cpu'\)$",
         ),
         (
             {"reward_trainer_kwargs.activation_checkpointing": True},
@@ -249,8 +234,38 @@ def _checked_before_anything_ran(tmp_path):
     ],
 )
 def test_preference_comparisons_value_named_in_the_hook(tmp_path, updates, match):
-    assert budget.machine_bytes() < 10 * 2**40  # the 10TiB case needs a smaller one
+    assert largest_memory_bytes() < 10 * 2**40  # the 10TiB case needs a smaller one
     with pytest.raises(ValueError, match=match):
+        run_pc(**updates)
+    _checked_before_anything_ran(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("updates", "match"),
+    [
+        ({"environment.parallel": "no"}, r"environment\.parallel must be a bool"),
+        ({"save_preferences": "false"}, r"save_preferences must be a bool"),
+        ({"active_selection": "maybe"}, r"active_selection must be a bool"),
+        (
+            {"reward_trainer_kwargs.progress_bar": "False"},
+            r"reward_trainer_kwargs\.progress_bar must be a bool",
+        ),
+        ({"gatherer_kwargs.sample": "no"}, r"gatherer_kwargs\.sample must be a bool"),
+        ({"held_out_pairs": 2.5}, r"held_out_pairs must be an int >= 0, got 2\.5"),
+        ({"held_out_pairs": True}, r"held_out_pairs must be an int >= 0, got True"),
+        ({"seed": "abc"}, r"seed must be an int >= 0, got 'abc'"),
+        (
+            {"reward.net_kwargs.use_state": "false"},
+            r"reward\.net_kwargs\.use_state must be a bool",
+        ),
+        (
+            {"reward_trainer_kwargs.optimizer_kwargs": 3},
+            r"reward_trainer_kwargs\.optimizer_kwargs must be None or a dict",
+        ),
+    ],
+)
+def test_preference_comparisons_wrong_type_named_in_the_hook(tmp_path, updates, match):
+    with pytest.raises(TypeError, match=match):
         run_pc(**updates)
     _checked_before_anything_ran(tmp_path)
 
@@ -317,12 +332,6 @@ def test_env_make_kwargs_of_a_known_argument_pass_the_hook(gym_id, name):
         ),
         (
             "airl",
-            {"algorithm_kwargs.allow_variable_horizon": "false"},
-            r"algorithm_kwargs\.allow_variable_horizon must be a bool",
-        ),
-        ("gail", {"seed": "abc"}, r"seed must be an int >= 0, got 'abc'"),
-        (
-            "airl",
             {"reward.net_kwargs.foo": 1},
             r"reward\.net_kwargs\.foo: BasicShapedRewardNet has no argument 'foo'",
         ),
@@ -346,6 +355,30 @@ def test_adversarial_value_named_in_the_hook(tmp_path, command, updates, match):
     updates = {"algorithm_kwargs.demo_minibatch_size": None, **demos, **updates}
     with pytest.raises(ValueError, match=match):
         run_adversarial(command, **updates)
+    _checked_before_anything_ran(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("command", "updates", "match"),
+    [
+        (
+            "airl",
+            {"algorithm_kwargs.allow_variable_horizon": "false"},
+            r"algorithm_kwargs\.allow_variable_horizon must be a bool",
+        ),
+        (
+            "gail",
+            {"algorithm_kwargs.disc_opt_cls": "Adam"},
+            r"algorithm_kwargs\.disc_opt_cls must be a torch\.optim\.Optimizer "
+            r"subclass \(torch\.optim\.Adam, not its name\)",
+        ),
+        ("gail", {"seed": "abc"}, r"seed must be an int >= 0, got 'abc'"),
+    ],
+)
+def test_adversarial_wrong_type_named_in_the_hook(tmp_path, command, updates, match):
+    demos = {"demonstrations.source": "local", "demonstrations.path": str(tmp_path)}
+    with pytest.raises(TypeError, match=match):
+        run_adversarial(command, **updates, **demos)
     _checked_before_anything_ran(tmp_path)
 
 

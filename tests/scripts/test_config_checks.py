@@ -17,20 +17,20 @@ from sacred import initialize
 
 from imitation_accum import CrossEntropyRewardTrainer
 from imitation_accum.integrations.patching import patched
-from imitation_accum.planning import budget
 from imitation_accum.scripts import experiment
 from imitation_accum.scripts import train_reward_model as script
 from imitation_accum.scripts.train_adversarial import train_adversarial_ex
 from imitation_accum.scripts.train_preference_comparisons import (
     train_preference_comparisons_ex,
 )
+from tests.scripts.helpers import largest_memory_bytes
 from tests.scripts.test_train_reward_model import (  # noqa: F401
     preferences_path,
     run,
 )
 
 ex = script.train_reward_model_ex
-TOO_MUCH = f"{budget.machine_bytes() * 4}"
+TOO_MUCH = f"{largest_memory_bytes() * 4}"
 
 BAD_REWARD_MODEL_VALUES = [
     (
@@ -39,16 +39,9 @@ BAD_REWARD_MODEL_VALUES = [
         r"reward_trainer_kwargs\.max_grad_norm",
     ),
     ("reward_trainer_kwargs.lr", float("nan"), r"reward_trainer_kwargs\.lr"),
-    ("reward_trainer_kwargs.lr", "fast", r"reward_trainer_kwargs\.lr"),
     ("reward_trainer_kwargs.forward_size", 0, r"reward_trainer_kwargs\.forward_size"),
     ("reward_trainer_kwargs.memory_budget", "6 GB?", r"kwargs\.memory_budget='6 GB\?'"),
     ("reward_trainer_kwargs.autocast_dtype", "fp8", r"kwargs\.autocast_dtype must be"),
-    (
-        "reward_trainer_kwargs.progress_bar",
-        "no",
-        r"kwargs\.progress_bar must be a bool",
-    ),
-    ("reward_trainer_kwargs.optimizer_kwargs", 3, r"kwargs\.optimizer_kwargs must be"),
     (
         "reward_trainer_kwargs.optimizer_kwargs",
         {"weight_decy": 0.1},
@@ -64,22 +57,42 @@ BAD_REWARD_MODEL_VALUES = [
     ("preference_model_kwargs.noise_prb", 0.1, r"noise_prb.*did you mean noise_prob"),
     ("regularizer.kindd", "lp", r"regularizer\.kindd.*did you mean kind\?"),
     ("regularizer.initial_lambda", -1.0, r"regularizer\.initial_lambda"),
-    ("held_out_seed", "x", r"held_out_seed must be an int >= 0, got 'x'"),
     ("reward.net_cls", "foo", r"reward\.net_cls='foo' is not an imitation RewardNet"),
     ("reward.net_kwargs.hid_sizes", [-1], r"reward\.net_kwargs\.hid_sizes"),
     ("device", "gpu0", r"device='gpu0' is not a device"),
 ]
 
 
-@pytest.mark.parametrize(("key", "value", "match"), BAD_REWARD_MODEL_VALUES)
+#: Values of the wrong type: a ``TypeError`` naming the key.
+WRONG_TYPE_REWARD_MODEL_VALUES = [
+    ("reward_trainer_kwargs.lr", "fast", r"reward_trainer_kwargs\.lr"),
+    (
+        "reward_trainer_kwargs.progress_bar",
+        "no",
+        r"kwargs\.progress_bar must be a bool",
+    ),
+    ("reward_trainer_kwargs.optimizer_kwargs", 3, r"kwargs\.optimizer_kwargs must be"),
+    ("held_out_seed", "x", r"held_out_seed must be an int >= 0, got 'x'"),
+    ("reward_trainer_kwargs.drop_last", "false", r"kwargs\.drop_last must be"),
+    ("environment.parallel", "no", r"environment\.parallel must be a bool"),
+    ("seed", "abc", r"seed must be an int >= 0, got 'abc'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "error", "match"),
+    [(*case[:2], ValueError, case[2]) for case in BAD_REWARD_MODEL_VALUES]
+    + [(*case[:2], TypeError, case[2]) for case in WRONG_TYPE_REWARD_MODEL_VALUES],
+)
 def test_bad_value_named_before_the_run_directory(
     tmp_path,
     preferences_path,
     key,
     value,
+    error,
     match,
 ):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error, match=match):
         run(tmp_path, preferences_path, "bad", **{key: value})
     assert not (tmp_path / "bad").exists()
 
@@ -152,7 +165,7 @@ def crafted_pickle(tmp_path):
 @pytest.mark.parametrize("value", ["false", "False", "no", "maybe", 0, None])
 def test_trust_pickle_takes_only_a_bool(tmp_path, crafted_pickle, value):
     path, marker = crafted_pickle
-    with pytest.raises(ValueError, match=r"trust_pickle must be a bool"):
+    with pytest.raises(TypeError, match=r"trust_pickle must be a bool"):
         run(tmp_path, path, "evil", trust_pickle=value)
     assert not marker.exists()
     assert not (tmp_path / "evil").exists()
@@ -190,9 +203,6 @@ def test_trust_pickle_false_on_the_command_line_runs_no_pickle(crafted_pickle):
             r"optimizer_kwargs\.weight_decay=-1 refused by AdamW: ValueError: "
             r"Invalid weight_decay value: -1",
         ),
-        ("reward_trainer_kwargs.drop_last", "false", r"kwargs\.drop_last must be"),
-        ("environment.parallel", "no", r"environment\.parallel must be a bool"),
-        ("seed", "abc", r"seed must be an int >= 0, got 'abc'"),
         ("device", "cuda:99", r"device='cuda:99': this machine has"),
         (
             "reward_trainer_kwargs.activation_checkpointing",
@@ -273,29 +283,37 @@ def test_two_given_alternatives_clash_in_the_hook(tmp_path):
 
 @pytest.mark.usefixtures("_no_environment")
 @pytest.mark.parametrize(
-    ("updates", "match"),
+    ("updates", "error", "match"),
     [
-        ({"total_timesteps": "lots"}, r"total_timesteps must be a positive int"),
-        ({"algorithm_kwargs.max_grad_norm": 0}, r"algorithm_kwargs\.max_grad_norm"),
+        (
+            {"total_timesteps": "lots"},
+            TypeError,
+            r"total_timesteps must be a positive int",
+        ),
+        (
+            {"algorithm_kwargs.max_grad_norm": 0},
+            ValueError,
+            r"algorithm_kwargs\.max_grad_norm",
+        ),
     ],
 )
-def test_bad_adversarial_values_named(tmp_path, updates, match):
+def test_bad_adversarial_values_named(tmp_path, updates, error, match):
     demos = {"demonstrations.source": "local", "demonstrations.path": str(tmp_path)}
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error, match=match):
         configured(train_adversarial_ex, "airl", ["fast"], {**updates, **demos})
 
 
 @pytest.mark.usefixtures("_no_environment")
 @pytest.mark.parametrize(
-    ("updates", "match"),
+    ("updates", "error", "match"),
     [
-        ({"total_timesteps": "lots"}, r"total_timesteps must be a positive int"),
-        ({"total_timesteps": 1e3}, None),
-        ({"preference_model_kwargs.noise_prob": 2}, r"noise_prob must be"),
-        ({"reward_trainer_kwargs.lr": -1}, r"reward_trainer_kwargs\.lr must be"),
+        ({"total_timesteps": "lots"}, TypeError, r"total_timesteps must be a pos"),
+        ({"total_timesteps": 1e3}, None, None),
+        ({"preference_model_kwargs.noise_prob": 2}, ValueError, r"noise_prob must"),
+        ({"reward_trainer_kwargs.lr": -1}, ValueError, r"trainer_kwargs\.lr must be"),
     ],
 )
-def test_bad_preference_comparisons_values_named(updates, match):
+def test_bad_preference_comparisons_values_named(updates, error, match):
     def configure():
         return configured(
             train_preference_comparisons_ex,
@@ -304,10 +322,10 @@ def test_bad_preference_comparisons_values_named(updates, match):
             updates,
         )
 
-    if match is None:
+    if error is None:
         assert configure()["total_timesteps"] == 1000
         return
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error, match=match):
         configure()
 
 

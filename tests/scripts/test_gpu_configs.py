@@ -29,7 +29,7 @@ def test_bad_option_named_before_anything_is_built(monkeypatch, tmp_path):
             config_updates={"reward_trainer_kwargs": {"acceleration": {"pinned": 1}}},
         )
     with pytest.raises(
-        ValueError, match=r"algorithm_kwargs\.acceleration\.compile must be"
+        TypeError, match=r"algorithm_kwargs\.acceleration\.compile must be"
     ):
         train_adversarial_ex.run(
             command_name="gail",

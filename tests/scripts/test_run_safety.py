@@ -143,7 +143,7 @@ def test_a_checkpoint_without_fingerprint_is_refused_unless_asked(
     with pytest.raises(ValueError, match=r"old\.pt' holds no dataset fingerprint"):
         run(tmp_path, other_path, resume_from=str(old))
     assert not (tmp_path / "run").exists()
-    with pytest.raises(ValueError, match="resume_unverified_dataset='yes' must be"):
+    with pytest.raises(TypeError, match="resume_unverified_dataset must be a bool"):
         run(tmp_path, other_path, resume_from=str(old), resume_unverified_dataset="yes")
     result = run(
         tmp_path, other_path, resume_from=str(old), resume_unverified_dataset=True

@@ -163,9 +163,17 @@ def test_named_configs_choose_the_first_phase(named_config, multiplier):
     assert run.config["initial_epoch_multiplier"] == multiplier
 
 
-@pytest.mark.parametrize("value", [0, -1.0, "many", float("nan")])
-def test_bad_initial_epoch_multiplier_is_named(value):
-    with pytest.raises(ValueError, match="initial_epoch_multiplier"):
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (0, ValueError),
+        (-1.0, ValueError),
+        ("many", TypeError),
+        (float("nan"), ValueError),
+    ],
+)
+def test_bad_initial_epoch_multiplier_is_named(value, error):
+    with pytest.raises(error, match="initial_epoch_multiplier"):
         ex.run("print_config", config_updates={"initial_epoch_multiplier": value})
 
 

@@ -28,8 +28,8 @@ from stable_baselines3.common import base_class, vec_env
 
 from imitation_accum.adversarial import discriminator_task
 from imitation_accum.adversarial.arguments import (
+    DiscriminatorSettings,
     check_arguments,
-    check_max_grad_norm,
 )
 from imitation_accum.engine import acceleration as acceleration_options
 from imitation_accum.engine import staging
@@ -66,11 +66,17 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         **kwargs: imitation's further ``AdversarialTrainer`` arguments
             (``n_disc_updates_per_round``, ``disc_opt_cls``, ...).
 
+    ``demo_minibatch_size``, ``max_grad_norm``, ``memory_budget`` and
+    ``acceleration`` may be assigned after construction: each ``train_disc()``
+    reads and checks them.
+
     Raises:
-        ValueError: naming an invalid argument (see :func:`check_arguments`; a
-            bool argument such as ``allow_variable_horizon`` given another value), a
-            ``memory_budget`` smaller than the discriminator's training state, or
-            a batch-norm layer in the reward net (not accumulable exactly).
+        TypeError: naming an argument of the wrong type (see
+            :func:`~imitation_accum.adversarial.arguments.check_arguments`; a bool
+            argument such as ``allow_variable_horizon`` given another value).
+        ValueError: naming an argument out of range, a ``memory_budget`` smaller
+            than the discriminator's training state, or a batch-norm layer in the
+            reward net (not accumulable exactly).
     """
 
     #: Inside :meth:`train`: the acceleration holds from a round's first
@@ -93,7 +99,7 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         acceleration: acceleration_options.AccelerationArg = None,
         **kwargs: Any,
     ) -> None:
-        checked = check_arguments(
+        settings, flags = check_arguments(
             {
                 "demo_batch_size": demo_batch_size,
                 "demo_minibatch_size": demo_minibatch_size,
@@ -104,23 +110,18 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
                 **kwargs,
             },
         )
-        self.acceleration = checked.acceleration
-        self.acceleration.check_net(reward_net)
         # imitation rejects a demo_minibatch_size that does not divide
         # demo_batch_size; any size is exact here, so it is set below.
         super().__init__(
             demonstrations=demonstrations,
-            demo_batch_size=checked.demo_batch_size,
+            demo_batch_size=settings.demo_batch_size,
             venv=venv,
             gen_algo=gen_algo,
             reward_net=reward_net,
             demo_minibatch_size=None,
-            **{**kwargs, **checked.flags},
+            **{**kwargs, **flags},
         )
-        self.demo_minibatch_size = checked.demo_minibatch_size or self.demo_batch_size
-        self.memory_budget = checked.memory_budget
         self.last_disc_result: Optional[StepResult] = None
-        self._max_grad_norm = checked.max_grad_norm
         self.engine = GradientAccumulator[discriminator_task.DiscriminatorChunk](
             self._reward_net
         )
@@ -131,22 +132,39 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
         """The memory probe's profile of the discriminator (with a budget, or on a
         CPU for the intra-op threads)."""
         self._budget_cap: Optional[int] = None
-        self._fitted_budget = self.memory_budget
-        budget.check_holds_training_state(
-            self.memory_budget,
-            self._disc_opt,
-            "the discriminator's parameters, gradients and optimizer state",
-        )
-        budget.check_fits_device(self.memory_budget, self._reward_net.device)
+        self._checked_on: Optional[Tuple[Any, ...]] = None
+        self._use_settings(settings)
 
-    @property
-    def max_grad_norm(self) -> Optional[float]:
-        """The discriminator's gradient norm is clipped to this once per step."""
-        return self._max_grad_norm
+    def _use_settings(self, settings: DiscriminatorSettings) -> None:
+        """Sets the attributes a step reads to ``settings``' parsed values.
 
-    @max_grad_norm.setter
-    def max_grad_norm(self, value: Optional[float]) -> None:
-        self._max_grad_norm = check_max_grad_norm(value)
+        Runs the checks that need the discriminator's device and optimizer when
+        the settings or those change; a changed budget is fitted afresh.
+
+        Raises:
+            ValueError: naming ``memory_budget``, too large for the device or too
+                small for the discriminator's training state, or an
+                ``acceleration`` option the reward net does not allow.
+        """
+        device = self._reward_net.device
+        checked_on = (settings, device, self._disc_opt)
+        if checked_on != self._checked_on:
+            settings.acceleration.check_net(self._reward_net)
+            settings.check_device(device)
+            budget.check_holds_training_state(
+                settings.memory_budget,
+                self._disc_opt,
+                "the discriminator's parameters, gradients and optimizer state",
+                f"{settings.key_prefix}memory_budget",
+            )
+            fitted = self._checked_on[0] if self._checked_on else settings
+            if settings.memory_budget != fitted.memory_budget:
+                self._budget_cap, self.step_policy = None, None  # fitted afresh
+            self._checked_on = checked_on
+        self.demo_minibatch_size = settings.demo_minibatch_size or self.demo_batch_size
+        self.memory_budget = settings.memory_budget
+        self.max_grad_norm = settings.max_grad_norm
+        self.acceleration = settings.acceleration
 
     def _profile(
         self,
@@ -389,17 +407,24 @@ class AccumulatingAdversarialTrainer(common.AdversarialTrainer):
             imitation's statistics (loss, accuracy, ...), of the whole batch.
 
         Raises:
-            ValueError: if the samples do not hold ``demo_batch_size`` transitions
-                in the environment's observation shape (before any update).
+            TypeError: naming an assigned setting of the wrong type.
+            ValueError: naming an assigned setting out of range, or if the samples
+                do not hold ``demo_batch_size`` transitions in the environment's
+                observation shape (before any update).
             RuntimeError: if no generator samples are given or buffered.
             FloatingPointError: if the loss or gradient is not finite; the
                 discriminator is then as before the call.
         """
-        # An assigned budget ("6GiB" included) is parsed here and fitted afresh.
-        memory_budget = budget.parse_budget(self.memory_budget)
-        if memory_budget != self._fitted_budget:
-            self._budget_cap, self.step_policy = None, None
-        self.memory_budget = self._fitted_budget = memory_budget
+        # Assigned settings ("6GiB" included) are parsed and checked here.
+        self._use_settings(
+            DiscriminatorSettings(
+                demo_batch_size=self.demo_batch_size,
+                demo_minibatch_size=self.demo_minibatch_size,
+                max_grad_norm=self.max_grad_norm,
+                memory_budget=self.memory_budget,
+                acceleration=self.acceleration,
+            )
+        )
         with self.logger.accumulate_means("disc"), self._accelerated():
             write_summaries = self._init_tensorboard and self._global_step % 20 == 0
             expert, generated = self._disc_samples(expert_samples, gen_samples)

@@ -91,7 +91,7 @@ def backend_for(device: th.device) -> str:
 
 def check_timeout(name: str, value: object) -> float:
     """A collective timeout if a positive finite number, else ``ValueError``."""
-    return _validation.positive_finite_float(name, value)
+    return _validation.finite_float(name, value)
 
 
 def init_distributed(

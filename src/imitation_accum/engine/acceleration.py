@@ -84,14 +84,15 @@ class Acceleration:
         """Checks ``value``: ``None``, an :class:`Acceleration` or a mapping of fields.
 
         Raises:
-            ValueError: for an unknown field or a bad value, naming ``<name>.<field>``.
+            TypeError: for a value of the wrong type, naming ``<name>.<field>``.
+            ValueError: for an unknown field or a bad value, naming it.
         """
         if value is None:
             return cls()
         if isinstance(value, Acceleration):
             return value
         if not isinstance(value, Mapping):
-            raise ValueError(
+            raise TypeError(
                 f"{name} must be an Acceleration, a mapping of its fields or None, "
                 f"got {type(value).__name__}"
             )
@@ -104,10 +105,9 @@ class Acceleration:
             )
         try:
             return cls(**dict(value))
-        except ValueError as error:
-            raise ValueError(
-                str(error).replace("acceleration.", f"{name}.", 1)
-            ) from None
+        except (TypeError, ValueError) as error:
+            message = str(error).replace("acceleration.", f"{name}.", 1)
+            raise type(error)(message) from None
 
     def check_net(self, net: nn.Module, activation_checkpointing: bool = False) -> None:
         """Checks that the options suit ``net`` and ``activation_checkpointing``.

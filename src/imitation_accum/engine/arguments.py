@@ -1,9 +1,8 @@
 """Checks of what a trainer hands the engine: its optimizer, logger, regularizer.
 
-Shared by the preference and adversarial trainers' constructors and by the config
-hooks that call their argument checks; each raises before anything is trained or
-written. The optimizer is built once (on a dummy parameter where the net's are not
-at hand), so that torch's own refusal of an argument is named here.
+Shared by the trainers' constructors and the config hooks. The optimizer is built
+(on a dummy parameter where the net's are not at hand) so that torch's own refusal
+of an argument is named with the argument.
 """
 
 import inspect
@@ -17,17 +16,10 @@ from imitation_accum import _validation
 
 
 def optimizer_class(name: str, value: object) -> Type[th.optim.Optimizer]:
-    """``value`` if a ``torch.optim.Optimizer`` subclass, else ``TypeError`` naming it.
-
-    Args:
-        name: The argument's name, for messages (``optimizer_cls``).
-        value: What was given.
-
-    Returns:
-        The optimizer class.
+    """``value`` if a ``torch.optim.Optimizer`` subclass: the one check of one.
 
     Raises:
-        TypeError: if ``value`` is a name, an instance or anything else.
+        TypeError: naming ``name``, if ``value`` is a name, an instance or else.
     """
     if isinstance(value, type) and issubclass(value, th.optim.Optimizer):
         return value
@@ -61,9 +53,10 @@ def make_optimizer(
         The optimizer.
 
     Raises:
-        TypeError: if ``optimizer_cls`` is not an optimizer class.
-        ValueError: if ``optimizer_kwargs`` is not a mapping, holds ``params`` or
-            an argument the class does not take (with near matches); naming
+        TypeError: if ``optimizer_cls`` is not an optimizer class or
+            ``optimizer_kwargs`` not a mapping.
+        ValueError: if ``optimizer_kwargs`` holds ``params`` or an argument the
+            class does not take (with near matches), or one it refuses; naming
             ``kwargs_name`` and the key the optimizer refuses (every key, if no
             single one is refused on its own).
     """
@@ -71,7 +64,7 @@ def make_optimizer(
     if optimizer_kwargs is None:
         optimizer_kwargs = {}
     if not isinstance(optimizer_kwargs, Mapping):
-        raise ValueError(
+        raise TypeError(
             f"{kwargs_name} must be None or a dict, got {optimizer_kwargs!r}",
         )
     if "params" in optimizer_kwargs:
@@ -120,12 +113,7 @@ def check_optimizer(
     cls_name: str = "optimizer_cls",
     kwargs_name: str = "optimizer_kwargs",
 ) -> None:
-    """:func:`make_optimizer` on a dummy parameter, for a check before any net exists.
-
-    Raises:
-        TypeError: as :func:`make_optimizer`.
-        ValueError: as :func:`make_optimizer`.
-    """
+    """:func:`make_optimizer` on a dummy parameter, before any net exists."""
     make_optimizer(
         [th.zeros(1, requires_grad=True)],
         optimizer_cls,

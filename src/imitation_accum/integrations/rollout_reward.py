@@ -72,12 +72,6 @@ class _Step:
     dones: np.ndarray
 
 
-def _check_bool(name: str, value: object) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
-    return bool(value)
-
-
 def _stateless(net: object) -> bool:
     # RewardNet's own predict_processed: predict_th in eval mode, no grad, no state.
     plain = reward_nets.RewardNet.predict_processed
@@ -142,11 +136,11 @@ class RewardVecEnvWrapper(reward_wrapper.RewardVecEnvWrapper):
                 sizes the calls from the net (see :attr:`call_size`).
 
         Raises:
-            TypeError: if ``batched`` is not a bool.
-            ValueError: if ``call_size`` is not a positive whole number.
+            TypeError: if ``batched`` is not a bool or ``call_size`` not an int.
+            ValueError: if ``call_size`` is not positive.
         """
         if batched is not None:
-            self.batched = _check_bool("batched", batched)
+            self.batched = bool(_validation.boolean("batched", batched))
         if call_size is not None:
             _validation.positive_int("call_size", call_size)
         if isinstance(venv, reward_wrapper.RewardVecEnvWrapper):
@@ -477,7 +471,7 @@ def _check_config_key(
     config: Dict[str, Any], command_name: str, logger: Any
 ) -> Dict[str, Any]:
     del command_name, logger
-    _check_bool(CONFIG_KEY, config.get(CONFIG_KEY, True))
+    _validation.boolean(CONFIG_KEY, config.get(CONFIG_KEY, True))
     return {}
 
 

@@ -31,7 +31,7 @@ _STATE_TENSORS = {"SGD": 1, "Adagrad": 1, "RMSprop": 3}
 
 
 def parse_budget(value: object, name: str = "memory_budget") -> Optional[Budget]:
-    """Checks a memory budget: bytes, a size string or ``"auto"``.
+    """A memory budget: ``None``, bytes, ``"auto"``, or a size string in bytes.
 
     Args:
         value: ``None``, a positive number of bytes, a string such as ``"6GiB"``,
@@ -43,8 +43,8 @@ def parse_budget(value: object, name: str = "memory_budget") -> Optional[Budget]
         ``None``, a number of bytes, or ``"auto"``.
 
     Raises:
-        ValueError: if the value is of another type, does not parse, or is not
-            positive.
+        TypeError: if the value is neither a number nor a string.
+        ValueError: if it does not parse or is not positive.
     """
     if value is None:
         return None
@@ -65,7 +65,7 @@ def parse_budget(value: object, name: str = "memory_budget") -> Optional[Budget]
     ):
         number = float(value)
     else:
-        raise ValueError(
+        raise TypeError(
             f"{name} must be bytes, a size such as '6GiB', or 'auto'; got "
             f"{type(value).__name__}"
         )
@@ -183,8 +183,9 @@ def check_holds_training_state(
     memory_budget: Optional[Budget],
     optimizer: th.optim.Optimizer,
     what: str = "the parameters, their gradients and the optimizer state",
+    name: str = "memory_budget",
 ) -> None:
-    """Checks that a budget in bytes holds ``what``, the state of ``optimizer``.
+    """Checks that a budget in bytes (argument ``name``) holds ``optimizer``'s ``what``.
 
     Raises:
         ValueError: if the budget is smaller.
@@ -194,8 +195,9 @@ def check_holds_training_state(
     needed = training_state_bytes(optimizer)
     if memory_budget < needed:
         raise ValueError(
-            f"memory_budget={format_bytes(memory_budget)} is smaller than the "
-            f"{format_bytes(needed)} that {what} need"
+            f"{name}={format_bytes(memory_budget)} is smaller than the "
+            f"{format_bytes(needed)} that {what} need: give a larger budget, or "
+            "'auto'"
         )
 
 
@@ -205,39 +207,20 @@ def _device_total_bytes(device: th.device) -> int:
     return _sysconf_bytes("SC_PHYS_PAGES") or 0
 
 
-def machine_bytes() -> int:
-    """The most memory any device of this machine has, host or GPU (0: unknown)."""
-    gpus = range(th.cuda.device_count() if th.cuda.is_available() else 0)
-    devices = [th.device("cpu"), *(th.device("cuda", index) for index in gpus)]
-    return max(_device_total_bytes(device) for device in devices)
+def check_fits_device(
+    memory_budget: Optional[Budget], device: th.device, name: str = "memory_budget"
+) -> None:
+    """Refuses a budget in bytes (argument ``name``) larger than all of ``device``'s.
 
-
-def beyond_memory(
-    memory_budget: Optional[Budget], total: int, where: str, name: str = "memory_budget"
-) -> Optional[str]:
-    """Says so if a budget in bytes is larger than ``total`` (0: unknown).
-
-    Such a budget (often a typo, ``"600GiB"``) fails only once training allocates.
-    ``where`` says whose memory ``total`` is, ``name`` the argument's name.
-
-    Returns:
-        The message, or ``None`` if the budget fits.
-    """
-    if not isinstance(memory_budget, int) or not total or memory_budget <= total:
-        return None
-    return (
-        f"{name}={format_bytes(memory_budget)} is more than {where} has "
-        f"({format_bytes(total)}): give a smaller budget, or 'auto'"
-    )
-
-
-def check_fits_device(memory_budget: Optional[Budget], device: th.device) -> None:
-    """Refuses a budget in bytes larger than all of ``device``'s memory.
+    Such a budget (often a typo, ``"600GiB"``) would fail only once training
+    allocates.
 
     Raises:
         ValueError: naming the budget and the device's memory.
     """
     total = _device_total_bytes(device)
-    message = beyond_memory(memory_budget, total, f"the {device} device")
-    if message is not None:
-        raise ValueError(message)
+    if isinstance(memory_budget, int) and total and memory_budget > total:
+        raise ValueError(
+            f"{name}={format_bytes(memory_budget)} is more than the {device} device "
+            f"has ({format_bytes(total)}): give a smaller budget, or 'auto'"
+        )

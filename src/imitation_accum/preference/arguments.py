@@ -1,19 +1,117 @@
-"""Checks of a preference trainer's arguments, made before anything is built.
+"""A preference trainer's settings and arguments, each parsed and checked once.
 
-The trainers' constructors and the experiments' config hooks share them; a config
-hook names the full key (``reward_trainer_kwargs.lr``).
+The trainers' constructors, their ``train()`` and the experiments' config hooks
+share these checks; a config hook names the full key (``reward_trainer_kwargs.lr``).
 """
 
+import dataclasses
 import inspect
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 import numpy as np
+import torch as th
 from imitation.algorithms import preference_comparisons as pc
 
 from imitation_accum import _validation
 from imitation_accum.engine import acceleration
-from imitation_accum.engine import arguments as engine_arguments
 from imitation_accum.planning import budget
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerSettings:
+    """A preference trainer's settings, parsed and checked: what a ``train()`` uses.
+
+    The constructor is the one check of each setting. The trainer builds it from
+    its arguments, and again from its attributes at each ``train()``, so that an
+    assigned setting is checked as a given one; a config hook builds it from
+    ``reward_trainer_kwargs``. Fields and defaults are those of
+    :class:`~imitation_accum.CrossEntropyRewardTrainer`'s arguments.
+
+    Attributes:
+        memory_budget: Bytes or ``"auto"`` once parsed (``"6GiB"`` given).
+        acceleration: The options, once parsed (a mapping given).
+        key_prefix: Put before each name in messages (``reward_trainer_kwargs.``).
+
+    Raises:
+        TypeError: naming a setting of the wrong type.
+        ValueError: naming a setting out of range, or ``minibatch_size`` and
+            ``memory_budget`` given together.
+    """
+
+    batch_size: int = 32
+    minibatch_size: Optional[int] = None
+    epochs: int = 1
+    lr: float = 1e-3
+    forward_size: Union[int, str] = "auto"
+    drop_last: bool = False
+    max_grad_norm: Optional[float] = None
+    progress_bar: bool = True
+    memory_budget: Optional[budget.Budget] = None
+    autocast_dtype: Optional[str] = None
+    activation_checkpointing: bool = False
+    two_pass: Optional[bool] = None
+    acceleration: Any = None
+    key_prefix: str = dataclasses.field(default="", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        def parse(field: str, check: Any, *args: Any, **kwargs: Any) -> None:
+            name = f"{self.key_prefix}{field}"
+            value = check(name, getattr(self, field), *args, **kwargs)
+            object.__setattr__(self, field, value)  # frozen: the parsed value
+
+        parse("batch_size", _validation.positive_int)
+        parse("minibatch_size", _validation.positive_int, optional=True)
+        given_budget = self.memory_budget
+        parse("memory_budget", lambda n, v: budget.parse_budget(v, n))
+        _validation.check_chunking(
+            self.key_prefix,
+            ("minibatch_size", self.minibatch_size),
+            ("batch_size", self.batch_size),
+            given_budget if self.memory_budget is not None else None,
+        )
+        parse("epochs", _validation.positive_int)
+        parse("lr", _validation.finite_float, allow_zero=True)
+        if self.forward_size != "auto":
+            parse("forward_size", _forward_size)
+        if self.max_grad_norm is not None:
+            parse("max_grad_norm", _validation.finite_float)
+        for flag in ("drop_last", "progress_bar", "activation_checkpointing"):
+            parse(flag, _validation.boolean)
+        parse("two_pass", _validation.boolean, optional=True)
+        acceleration.parse_autocast_dtype(
+            self.autocast_dtype, f"{self.key_prefix}autocast_dtype"
+        )
+        parse("acceleration", lambda n, v: acceleration.Acceleration.parse(v, n))
+
+    @property
+    def torch_autocast_dtype(self) -> Optional[th.dtype]:
+        """``autocast_dtype`` as a torch dtype."""
+        return acceleration.DTYPES.get(self.autocast_dtype or "")
+
+    def check_device(self, device: th.device) -> None:
+        """The checks that need the training device: autocast there, the budget fits.
+
+        Raises:
+            ValueError: naming ``autocast_dtype`` or ``memory_budget``.
+        """
+        try:
+            acceleration.check_supported(self.torch_autocast_dtype, device)
+        except ValueError as error:
+            if not self.key_prefix:
+                raise
+            where = (
+                f"{self.key_prefix}autocast_dtype={self.autocast_dtype!r} on {device}"
+            )
+            raise ValueError(f"{where}: {error}") from None
+        budget.check_fits_device(
+            self.memory_budget, device, f"{self.key_prefix}memory_budget"
+        )
+
+
+def _forward_size(name: str, value: object) -> int:
+    if isinstance(value, str):  # not "auto"
+        raise ValueError(f"{name} must be a positive int or 'auto', got {value!r}.")
+    return int(_validation.positive_int(name, value))
 
 
 def check_preference_model(model: pc.PreferenceModel, *, ensemble: bool) -> None:
@@ -97,64 +195,4 @@ def check_preference_model_values(
     if "discount_factor" in kwargs:
         _validation.probability(f"{prefix}discount_factor", kwargs["discount_factor"])
     if "threshold" in kwargs:
-        _validation.positive_finite_float(f"{prefix}threshold", kwargs["threshold"])
-
-
-def check_trainer_values(
-    kwargs: Mapping[str, Any],
-    prefix: str = "",
-    optimizer_cls: Optional[type] = None,
-) -> None:
-    """Checks the values of a preference trainer's keyword arguments.
-
-    What the constructor checks, also from a config before anything is built.
-    Arguments not given are not checked (their defaults are valid).
-
-    Args:
-        kwargs: Keyword arguments of ``CrossEntropyRewardTrainer``.
-        prefix: Prepended to each name in messages (``reward_trainer_kwargs.``).
-        optimizer_cls: The optimizer class, to check ``optimizer_kwargs`` against.
-
-    Raises:
-        ValueError: naming the first invalid argument, or both ``minibatch_size``
-            and ``memory_budget`` when both are given.
-    """
-    batch_name, minibatch_name = f"{prefix}batch_size", f"{prefix}minibatch_size"
-    batch = _validation.positive_int(batch_name, kwargs.get("batch_size", 32))
-    minibatch_size = kwargs.get("minibatch_size")
-    minibatch = _validation.optional_positive_int(minibatch_name, minibatch_size)
-    _validation.minibatch_within_batch(minibatch_name, minibatch, batch_name, batch)
-    memory_budget = kwargs.get("memory_budget")
-    budget_name = f"{prefix}memory_budget"
-    if budget.parse_budget(memory_budget, budget_name) is not None and (
-        minibatch is not None
-    ):
-        raise ValueError(
-            f"{minibatch_name}={minibatch_size!r} and {budget_name}="
-            f"{memory_budget!r} are alternatives: give one of them",
-        )
-    if "epochs" in kwargs:
-        _validation.positive_int(f"{prefix}epochs", kwargs["epochs"])
-    if "lr" in kwargs:
-        _validation.finite_float(f"{prefix}lr", kwargs["lr"], allow_zero=True)
-    if "forward_size" in kwargs:
-        _validation.forward_size_arg(kwargs["forward_size"], f"{prefix}forward_size")
-    if kwargs.get("max_grad_norm") is not None:
-        _validation.positive_finite_float(
-            f"{prefix}max_grad_norm", kwargs["max_grad_norm"]
-        )
-    acceleration.parse_autocast_dtype(
-        kwargs.get("autocast_dtype"), f"{prefix}autocast_dtype"
-    )
-    for flag in ("drop_last", "progress_bar", "activation_checkpointing"):
-        if flag in kwargs:
-            _validation.boolean(f"{prefix}{flag}", kwargs[flag])
-    _validation.optional_boolean(f"{prefix}two_pass", kwargs.get("two_pass"))
-    if optimizer_cls is not None:
-        engine_arguments.check_optimizer(
-            optimizer_cls,
-            kwargs.get("optimizer_kwargs"),
-            defaults={"lr": kwargs.get("lr", 1e-3)},
-            cls_name=f"{prefix}optimizer_cls",
-            kwargs_name=f"{prefix}optimizer_kwargs",
-        )
+        _validation.finite_float(f"{prefix}threshold", kwargs["threshold"])

@@ -21,7 +21,6 @@ from imitation.util import logger as imit_logger
 from torch.utils import data as data_th
 from tqdm.auto import tqdm
 
-from imitation_accum import _validation
 from imitation_accum.engine import acceleration as acceleration_options
 from imitation_accum.engine import arguments as engine_arguments
 from imitation_accum.engine import staging
@@ -95,20 +94,22 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             :class:`~imitation_accum.engine.acceleration.Acceleration` or a mapping
             of its fields; see ``docs/gpu.md``.
 
-    ``minibatch_size``, ``memory_budget``, ``forward_size``, ``two_pass``,
-    ``batch_size``, ``epochs``, ``lr``, ``max_grad_norm``, ``optim`` and ``logger``
-    may be assigned after construction: each ``train()`` reads and checks them.
+    The settings (``batch_size``, ``minibatch_size``, ``memory_budget``,
+    ``forward_size``, ``two_pass``, ``epochs``, ``lr``, ``max_grad_norm``,
+    ``drop_last``, ``progress_bar``) and ``optim`` and ``logger`` may be assigned
+    after construction: each ``train()`` parses and checks them
+    (:class:`~imitation_accum.preference.arguments.TrainerSettings`) before any step.
 
     Raises:
-        ValueError: if an argument is out of range (named in the message), both
-            ``minibatch_size`` and ``memory_budget`` are given, the budget does
-            not parse or cannot hold the parameters, gradients and optimizer
-            state, the device cannot run ``autocast_dtype``, or ``optimizer_cls``
-            refuses a key of ``optimizer_kwargs`` (named).
-        TypeError: if ``loss`` is not a ``CrossEntropyRewardLoss``, the
-            preference model is an ensemble or overrides how it computes
-            probabilities, or ``optimizer_cls``, ``custom_logger`` or
-            ``regularizer_factory`` is of another kind.
+        TypeError: naming an argument of the wrong type: a setting, ``loss`` not
+            a ``CrossEntropyRewardLoss``, a preference model of an ensemble or
+            overriding how it computes probabilities, ``optimizer_cls``,
+            ``custom_logger`` or ``regularizer_factory``.
+        ValueError: naming an argument out of range, ``minibatch_size`` and
+            ``memory_budget`` given together, a budget that does not parse or
+            cannot hold the parameters, gradients and optimizer state, a device
+            that cannot run ``autocast_dtype``, or a key of ``optimizer_kwargs``
+            that ``optimizer_cls`` refuses.
 
     Example:
         >>> from imitation_accum import CrossEntropyRewardTrainer  # doctest: +SKIP
@@ -148,26 +149,24 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
     ) -> None:
         arguments.check_preference_model(preference_model, ensemble=False)
         arguments.check_loss_and_rng(loss, rng)
-        engine_arguments.optimizer_class("optimizer_cls", optimizer_cls)
         engine_arguments.check_logger("custom_logger", custom_logger)
         engine_arguments.check_regularizer_factory(
             "regularizer_factory", regularizer_factory
         )
-        arguments.check_trainer_values(
-            {
-                "batch_size": batch_size,
-                "minibatch_size": minibatch_size,
-                "memory_budget": memory_budget,
-                "epochs": epochs,
-                "lr": lr,
-                "forward_size": forward_size,
-                "max_grad_norm": max_grad_norm,
-                "autocast_dtype": autocast_dtype,
-                "drop_last": drop_last,
-                "progress_bar": progress_bar,
-                "activation_checkpointing": activation_checkpointing,
-                "two_pass": two_pass,
-            },
+        settings = arguments.TrainerSettings(
+            batch_size=batch_size,
+            minibatch_size=minibatch_size,
+            epochs=epochs,
+            lr=lr,
+            forward_size=forward_size,
+            drop_last=drop_last,
+            max_grad_norm=max_grad_norm,
+            progress_bar=progress_bar,
+            memory_budget=memory_budget,
+            autocast_dtype=autocast_dtype,
+            activation_checkpointing=activation_checkpointing,
+            two_pass=two_pass,
+            acceleration=acceleration,
         )
         # Built (checking optimizer_kwargs) before imitation's constructor opens
         # a default logger's files.
@@ -175,27 +174,16 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
             preference_model.parameters(),
             optimizer_cls,
             optimizer_kwargs,
-            defaults={"lr": lr},
+            defaults={"lr": settings.lr},
         )
-        self.batch_size = batch_size
-        self.minibatch_size: Optional[int] = minibatch_size  # type: ignore[assignment]
-        self.memory_budget = budget.parse_budget(memory_budget)
-        self.epochs = epochs
-        self.forward_size = forward_size
-        self.two_pass = two_pass
-        self.drop_last = drop_last
-        self.progress_bar = progress_bar
-        self.autocast_dtype = acceleration_options.parse_autocast_dtype(autocast_dtype)
-        self.activation_checkpointing = activation_checkpointing
-        self.acceleration = acceleration_options.Acceleration.parse(acceleration)
-
         # imitation's BasicRewardTrainer.__init__ insists that batch_size be a
         # multiple of minibatch_size; skip it and set up the same attributes.
         pc.RewardTrainer.__init__(self, preference_model, custom_logger)
         self.loss = loss
         self.rng = rng
         self._engine: Optional[GradientAccumulator] = None
-        self._max_grad_norm = max_grad_norm
+        self._set_settings(settings)
+        self._checked_on: Optional[Tuple[Any, ...]] = None  # see _check_on_device
         self.regularizer = None
         self.optim = optimizer
         self.regularizer = engine_arguments.make_regularizer(
@@ -211,10 +199,10 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         """The plan of the last step (``forward_size``, ``two_pass``, chunks)."""
         self.memory_profile: Optional[probe.ActivationProfile] = None
         """The memory probe's profile of the net, once one was needed."""
-        self._check_memory_options()
+        self._check_on_device(settings)
         self._engine = self._make_engine()
         self._engine.configure(
-            autocast_dtype=self.autocast_dtype,
+            autocast_dtype=settings.torch_autocast_dtype,
             activation_checkpointing=self.activation_checkpointing,
         )
         self._task = pair_task.task_for(
@@ -264,30 +252,43 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
 
     @lr.setter
     def lr(self, value: float) -> None:
-        value = _validation.finite_float("lr", value, allow_zero=True)
-        for group in self.optim.param_groups:
+        for group in self.optim.param_groups:  # checked by the next train()
             group["lr"] = value
 
-    @property
-    def max_grad_norm(self) -> Optional[float]:
-        """The gradient norm each step is clipped to (``None``: no clipping)."""
-        return self._max_grad_norm
+    def _set_settings(self, settings: arguments.TrainerSettings) -> None:
+        """Sets the attributes a ``train()`` reads to ``settings``' parsed values."""
+        self.batch_size = settings.batch_size
+        # imitation's attribute is an int; None here is the whole batch.
+        self.minibatch_size = settings.minibatch_size  # type: ignore[assignment]
+        self.memory_budget = settings.memory_budget
+        self.epochs = settings.epochs
+        self.forward_size = settings.forward_size
+        self.two_pass = settings.two_pass
+        self.drop_last = settings.drop_last
+        self.progress_bar = settings.progress_bar
+        self.max_grad_norm = settings.max_grad_norm
+        self.autocast_dtype = settings.autocast_dtype
+        self.activation_checkpointing = settings.activation_checkpointing
+        self.acceleration = settings.acceleration
 
-    @max_grad_norm.setter
-    def max_grad_norm(self, value: Optional[float]) -> None:
-        if value is not None:
-            value = _validation.positive_finite_float("max_grad_norm", value)
-        self._max_grad_norm = value
+    def _check_on_device(self, settings: arguments.TrainerSettings) -> None:
+        """The checks that need the net, its device and optimizer, once per change.
 
-    def _check_memory_options(self) -> None:
-        """Checks the budget and precision against the net (before training)."""
+        Raises:
+            ValueError: naming ``autocast_dtype``, ``memory_budget`` (too large for
+                the device, or too small for the training state),
+                ``activation_checkpointing`` or an ``acceleration`` option.
+        """
         net = self._preference_model.model
-        acceleration_options.check_supported(self.autocast_dtype, net.device)
-        if self.activation_checkpointing:
+        checked_on = (settings, net.device, self.optim)
+        if checked_on == self._checked_on:
+            return
+        settings.check_device(net.device)
+        if settings.activation_checkpointing:
             acceleration_options.check_checkpointable(net)
-        budget.check_holds_training_state(self.memory_budget, self.optim)
-        self.acceleration.check_net(net, self.activation_checkpointing)
-        budget.check_fits_device(self.memory_budget, net.device)
+        budget.check_holds_training_state(settings.memory_budget, self.optim)
+        settings.acceleration.check_net(net, settings.activation_checkpointing)
+        self._checked_on = checked_on
 
     def train(
         self, dataset: pc.PreferenceDataset, epoch_multiplier: float = 1.0
@@ -405,26 +406,28 @@ class CrossEntropyRewardTrainer(pc.BasicRewardTrainer):
         _record_final_values(self.logger, epoch_num)
 
     def _check_settings(self) -> None:
-        """Checks the settings a ``train()`` reads, as the constructor does."""
-        arguments.check_trainer_values(
-            {
-                "batch_size": self.batch_size,
-                "minibatch_size": self.minibatch_size,
-                "memory_budget": self.memory_budget,
-                "epochs": self.epochs,
-                "forward_size": self.forward_size,
-                "drop_last": self.drop_last,
-                "progress_bar": self.progress_bar,
-                "two_pass": self.two_pass,
-            }
+        """Parses and checks the attributes a ``train()`` reads, as the constructor."""
+        settings = arguments.TrainerSettings(
+            batch_size=self.batch_size,
+            minibatch_size=self.minibatch_size,
+            epochs=self.epochs,
+            lr=self.lr,
+            forward_size=self.forward_size,
+            drop_last=self.drop_last,
+            max_grad_norm=self.max_grad_norm,
+            progress_bar=self.progress_bar,
+            memory_budget=self.memory_budget,
+            autocast_dtype=self.autocast_dtype,
+            activation_checkpointing=self.activation_checkpointing,
+            two_pass=self.two_pass,
+            acceleration=self.acceleration,
         )
-        # Normalized here too, so that an assigned "6GiB" reaches the planner as bytes.
-        self.memory_budget = budget.parse_budget(self.memory_budget)
+        self._check_on_device(settings)
+        self._set_settings(settings)  # an assigned "6GiB" reaches the planner as bytes
 
     def _step_policy(self, table: pair_table.PreferenceTable) -> StepPolicy:
         """This ``train()``'s step policy, from the attributes and the memory probe."""
         device = self._task.device
-        acceleration_options.check_supported(self.autocast_dtype, device)
         forward_size: Optional[int] = None
         cap = None
         if self.forward_size != "auto":

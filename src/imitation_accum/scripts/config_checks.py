@@ -1,5 +1,6 @@
 """Config checks of the experiments' sacred hooks, naming the full key they reject."""
 
+import dataclasses
 import difflib
 import functools
 import inspect
@@ -14,6 +15,7 @@ from typing import (
     Mapping,
     Optional,
     Sequence,
+    Tuple,
 )
 
 import gymnasium as gym
@@ -25,22 +27,25 @@ from sacred import initialize
 from sacred.utils import ConfigAddedError, convert_to_nested_dict
 
 from imitation_accum import _validation
-from imitation_accum.engine import acceleration
 from imitation_accum.engine import arguments as engine_arguments
 from imitation_accum.envs import atari
 from imitation_accum.nets import shaped
 from imitation_accum.planning import budget
 from imitation_accum.preference import arguments
 
+#: Builds an optimizer over given parameters.
+MakeOptimizer = Callable[[Iterator[th.nn.Parameter]], th.optim.Optimizer]
+
 
 def check_environment(
     config: Dict[str, Any], command_name: str, logger: Any
 ) -> Dict[str, Any]:
-    """Config hook: the environment id exists and its horizon is valid.
+    """Config hook: the ``environment`` section, naming the key it refuses.
 
     Raises:
-        ValueError: naming ``environment.gym_id`` (with near matches) or
-            ``environment.max_episode_steps``.
+        TypeError: naming a key of the wrong type.
+        ValueError: naming ``environment.gym_id`` (with near matches) or a key out
+            of range.
     """
     del command_name, logger
     check_environment_section(config["environment"])
@@ -51,11 +56,7 @@ def check_environment_section(env: Mapping[str, Any], make_kwargs: bool = True) 
     """:func:`check_environment` of the ``environment`` section.
 
     ``make_kwargs``: whether to check ``env_make_kwargs`` against ``gym_id``'s
-    environment (not where another environment will be used: see
-    ``train_reward_model``, which checks them once it knows which).
-
-    Raises:
-        ValueError: as :func:`check_environment`.
+    environment (``train_reward_model`` may build another, and checks them then).
     """
     gym_id = env["gym_id"]
     try:
@@ -63,8 +64,8 @@ def check_environment_section(env: Mapping[str, Any], make_kwargs: bool = True) 
     except (gym.error.Error, ModuleNotFoundError) as error:
         near = difflib.get_close_matches(gym_id, list(gym.registry), n=3, cutoff=0.8)
         raise ValueError(atari.unknown_id_message(gym_id, near)) from error
-    _validation.optional_positive_int(
-        "environment.max_episode_steps", env["max_episode_steps"]
+    _validation.positive_int(
+        "environment.max_episode_steps", env["max_episode_steps"], optional=True
     )
     _validation.positive_int("environment.num_vec", env["num_vec"])
     _validation.boolean("environment.parallel", env["parallel"])
@@ -83,10 +84,10 @@ _MAKES_ANOTHER_ID = {
 def env_arguments(spec: Any) -> Optional[List[str]]:
     """What ``gym.make(spec, **kwargs)`` takes as ``kwargs`` (``None``: anything).
 
-    The entry point's signature, read from gymnasium's registry without building
-    anything, and ``gym.make``'s own arguments. An entry point taking ``**kwargs``
-    is followed where it passes them to ``gym.make`` of another id (the Atari
-    entry points of seals and of this package); otherwise it may take any.
+    ``gym.make``'s own arguments and the entry point's, read from gymnasium's
+    registry without building anything. An entry point taking ``**kwargs`` is
+    followed where it passes them to ``gym.make`` of another id (the Atari entry
+    points of seals and of this package); otherwise it may take any.
     """
     make_params = inspect.signature(gym.make).parameters.values()
     accepted = [
@@ -98,27 +99,10 @@ def env_arguments(spec: Any) -> Optional[List[str]]:
     creator: Any = spec.entry_point
     if isinstance(creator, str):
         creator = gym.envs.registration.load_env_creator(creator)
-    # A class passing **kwargs to its base's __init__ (seals' FixedHorizonCartPole
-    # to gymnasium's CartPoleEnv) takes what the first __init__ without them takes.
-    functions = [creator]
-    if isinstance(creator, type):
-        functions = [
-            vars(k)["__init__"] for k in creator.__mro__ if "__init__" in vars(k)
-        ]
-    for function in functions:
-        try:
-            params = inspect.signature(function).parameters.values()
-        except (TypeError, ValueError):  # a builtin or C callable: nothing to read
-            return None
-        accepted += [
-            p.name
-            for p in params
-            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        ]
-        if not any(p.kind == p.VAR_KEYWORD for p in params):
-            return accepted
-        if function is object.__init__:
-            break
+    params, takes_any = _parameters(creator)
+    accepted += list(params)
+    if not takes_any:
+        return accepted
     inner_key = _MAKES_ANOTHER_ID.get(str(spec.entry_point))
     inner_id = spec.kwargs.get(inner_key) if inner_key else None
     inner = None if inner_id is None else env_arguments(gym.spec(inner_id))
@@ -255,8 +239,14 @@ def check_demonstrations(
     return {}
 
 
-def _parameters(target: Any) -> Dict[str, inspect.Parameter]:
-    """``target``'s keyword parameters, following ``**kwargs`` up a class's MRO."""
+def _parameters(target: Any) -> Tuple[Dict[str, inspect.Parameter], bool]:
+    """``target``'s keyword parameters, and whether it takes any other.
+
+    A class passing ``**kwargs`` to its base's ``__init__`` (seals'
+    ``FixedHorizonCartPole`` to gymnasium's ``CartPoleEnv``) takes what the first
+    ``__init__`` without them takes; a callable whose signature cannot be read
+    (a builtin) takes any.
+    """
     functions = [target]
     if isinstance(target, type):
         functions = [
@@ -265,15 +255,19 @@ def _parameters(target: Any) -> Dict[str, inspect.Parameter]:
     found: Dict[str, inspect.Parameter] = {}
     for function in functions:
         try:
-            params = inspect.signature(function, eval_str=True).parameters.values()
-        except (NameError, TypeError):  # an annotation that does not resolve
-            params = inspect.signature(function).parameters.values()
+            try:
+                signature = inspect.signature(function, eval_str=True)
+            except (NameError, TypeError):  # an annotation that does not resolve
+                signature = inspect.signature(function)
+        except (TypeError, ValueError):
+            return found, True
+        params = signature.parameters.values()
         for p in params:
             if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 found.setdefault(p.name, p)
         if not any(p.kind == p.VAR_KEYWORD for p in params):
-            break
-    return found
+            return found, False
+    return found, True
 
 
 def check_booleans(
@@ -284,7 +278,7 @@ def check_booleans(
     ``Optional[bool]`` also takes ``None``.
 
     Raises:
-        ValueError: naming ``<key>.<name>`` of a value that is not a bool.
+        TypeError: naming ``<key>.<name>`` of a value that is not a bool.
     """
     for name, value in kwargs.items():
         param = params.get(name)
@@ -293,7 +287,7 @@ def check_booleans(
         if annotation in (bool, "bool"):
             _validation.boolean(where, value)
         elif annotation in (Optional[bool], "Optional[bool]"):
-            _validation.optional_boolean(where, value)
+            _validation.boolean(where, value, optional=True)
 
 
 def check_keywords(
@@ -310,10 +304,10 @@ def check_keywords(
     Arguments annotated ``bool`` take only bools.
 
     Raises:
-        ValueError: naming the first unknown key, with near matches, or a bool
-            argument given another value.
+        ValueError: naming the first unknown key, with near matches.
+        TypeError: naming a bool argument given another value.
     """
-    params = _parameters(cls)
+    params, _ = _parameters(cls)
     excluded = set(exclude)
     names = [name for name in params if name not in excluded]
     _validation.known_names(key, kwargs, names, target or cls.__name__)
@@ -324,83 +318,39 @@ def check_reward_trainer_kwargs(
     kwargs: Mapping[str, Any],
     trainer_cls: type,
     exclude: Iterable[str],
-    logger: Any,
     optimizer_cls: Optional[type] = None,
-) -> None:
-    """Checks ``reward_trainer_kwargs``: the names and values of trainer arguments.
-
-    ``trainer_cls`` receives them, less ``exclude``; ``logger`` (the hook's) is not
-    used any more (:func:`check_on_device` checks the budget); ``optimizer_kwargs``
-    is checked against ``optimizer_cls`` (default: the
-    configured ``optimizer_cls``, else ``trainer_cls``'s default).
-
-    Raises:
-        ValueError: naming the first unknown or invalid
-            ``reward_trainer_kwargs.<key>``.
-    """
-    del logger
-    key = "reward_trainer_kwargs"
-    check_keywords(key, kwargs, trainer_cls, exclude, "CrossEntropyRewardTrainer")
-    if optimizer_cls is None:
-        optimizer_cls = kwargs.get(
-            "optimizer_cls", _parameters(trainer_cls)["optimizer_cls"].default
-        )
-        if not (
-            isinstance(optimizer_cls, type)
-            and issubclass(optimizer_cls, th.optim.Optimizer)
-        ):
-            raise ValueError(
-                f"{key}.optimizer_cls={optimizer_cls!r} must be a torch.optim "
-                "optimizer class"
-            )
-    arguments.check_trainer_values(kwargs, f"{key}.", optimizer_cls)
-    acceleration.Acceleration.parse(kwargs.get("acceleration"), f"{key}.acceleration")
-
-
-def trainer_optimizer(
-    kwargs: Mapping[str, Any], trainer_cls: type, optimizer_cls: Optional[type] = None
-) -> Callable[[Iterator[th.nn.Parameter]], th.optim.Optimizer]:
-    """Builds the optimizer ``trainer_cls`` builds from its (checked) ``kwargs``.
+) -> Tuple[arguments.TrainerSettings, MakeOptimizer]:
+    """Checks ``reward_trainer_kwargs``, which ``trainer_cls`` gets less ``exclude``.
 
     ``optimizer_cls``: the class, if the config names it otherwise than by class.
-    """
-    defaults = _parameters(trainer_cls)
-    cls = optimizer_cls or kwargs.get(
-        "optimizer_cls", defaults["optimizer_cls"].default
-    )
-    arguments = {
-        "lr": kwargs.get("lr", defaults["lr"].default),
-        **(kwargs.get("optimizer_kwargs") or {}),
-    }
-    return functools.partial(cls, **arguments)
-
-
-def disc_optimizer(
-    kwargs: Mapping[str, Any], algorithm: type, prefix: str = "algorithm_kwargs."
-) -> Callable[[Iterator[th.nn.Parameter]], th.optim.Optimizer]:
-    """Checks AIRL/GAIL's ``disc_opt_kwargs`` against ``disc_opt_cls``.
-
-    ``prefix``: the config key of ``kwargs`` with a dot.
 
     Returns:
-        What builds the discriminator's optimizer over given parameters.
+        The trainer's settings, as its constructor parses them, and what builds
+        its optimizer.
 
     Raises:
-        ValueError: naming ``<prefix>disc_opt_cls`` or ``<prefix>disc_opt_kwargs``.
+        TypeError: naming a ``reward_trainer_kwargs.<key>`` of the wrong type.
+        ValueError: naming the first unknown or invalid one.
     """
-    cls = kwargs.get("disc_opt_cls", _parameters(algorithm)["disc_opt_cls"].default)
-    if not (isinstance(cls, type) and issubclass(cls, th.optim.Optimizer)):
-        raise ValueError(
-            f"{prefix}disc_opt_cls={cls!r} must be a torch.optim optimizer class"
-        )
-    opt_kwargs = kwargs.get("disc_opt_kwargs")
+    key = "reward_trainer_kwargs"
+    check_keywords(key, kwargs, trainer_cls, exclude, "CrossEntropyRewardTrainer")
+    fields = {f.name for f in dataclasses.fields(arguments.TrainerSettings)}
+    settings = arguments.TrainerSettings(
+        **{k: v for k, v in kwargs.items() if k in fields}, key_prefix=f"{key}."
+    )
+    default = _parameters(trainer_cls)[0]["optimizer_cls"].default
+    cls = optimizer_cls or kwargs.get("optimizer_cls", default)
+    optimizer_kwargs = kwargs.get("optimizer_kwargs")
     engine_arguments.check_optimizer(
         cls,
-        opt_kwargs,
-        cls_name=f"{prefix}disc_opt_cls",
-        kwargs_name=f"{prefix}disc_opt_kwargs",
+        optimizer_kwargs,
+        defaults={"lr": settings.lr},
+        cls_name=f"{key}.optimizer_cls",
+        kwargs_name=f"{key}.optimizer_kwargs",
     )
-    return functools.partial(cls, **(opt_kwargs or {}))
+    return settings, functools.partial(
+        cls, **{"lr": settings.lr, **(optimizer_kwargs or {})}
+    )
 
 
 def training_device(key: str, value: object) -> th.device:
@@ -434,53 +384,26 @@ def training_device(key: str, value: object) -> th.device:
 
 
 def check_on_device(
-    kwargs: Mapping[str, Any],
-    prefix: str,
+    settings: Any,
     device_key: str,
     device_value: object,
     trains: bool,
     logger: Any,
 ) -> None:
-    """Checks trainer arguments against the device the reward net will train on.
+    """Runs the trainer's ``settings.check_device`` on the device config key names.
 
-    ``autocast_dtype`` must run there and a ``memory_budget`` in bytes must fit its
-    memory. ``trains``: whether the command trains; if not (``print_config``) a
-    config meant for another machine is only warned about.
-
-    Args:
-        kwargs: The trainer's arguments (``reward_trainer_kwargs``, ...).
-        prefix: Their config key with a dot (``reward_trainer_kwargs.``).
-        device_key: The config key naming the device (``device``,
-            ``rl.rl_kwargs.device``).
-        device_value: Its value.
-        trains: Whether the command trains here.
-        logger: The config hook's logger.
+    If the command does not train (``print_config``), a config meant for another
+    machine is only warned about (``logger``: the hook's).
 
     Raises:
-        ValueError: naming the key, if the command trains.
+        ValueError: naming the setting and ``device_key``, if the command trains.
     """
     try:
         device = training_device(device_key, device_value)
-        dtype_value = kwargs.get("autocast_dtype")
-        dtype = acceleration.parse_autocast_dtype(
-            dtype_value, f"{prefix}autocast_dtype"
-        )
         try:
-            acceleration.check_supported(dtype, device)
+            settings.check_device(device)
         except ValueError as error:
-            raise ValueError(
-                f"{prefix}autocast_dtype={dtype_value!r} with {device_key}="
-                f"{device_value!r} ({device}): {error}"
-            ) from None
-        parsed = budget.parse_budget(
-            kwargs.get("memory_budget"), f"{prefix}memory_budget"
-        )
-        try:
-            budget.check_fits_device(parsed, device)
-        except ValueError as error:  # its message names "memory_budget"
-            raise ValueError(
-                f"{prefix}{error} ({device_key}={device_value!r})"
-            ) from None
+            raise ValueError(f"{error} ({device_key}={device_value!r})") from None
     except ValueError as error:
         if trains:
             raise
@@ -491,42 +414,28 @@ def check_budget_holds_net(
     config: Mapping[str, Any],
     command_name: str,
     key: str,
-    value: object,
-    make_optimizer: Callable[[Iterator[th.nn.Parameter]], th.optim.Optimizer],
+    memory_budget: Optional[budget.Budget],
+    make_optimizer: MakeOptimizer,
 ) -> None:
-    """Refuses a memory budget in bytes that cannot hold the reward net's training.
+    """Refuses a budget in bytes (config ``key``) too small for the net's training.
 
-    A budget must hold the parameters, their gradients and the optimizer state
-    (:func:`imitation_accum.planning.budget.check_holds_training_state`) before the
-    first pair; the trainer measures what a pair's activations add. To count them
-    here, one environment is made (and closed) for its spaces and the reward net
-    is built on the CPU from the ``reward`` config, as imitation's ingredient
-    builds it. Only for a budget in bytes and a single net (not an ensemble).
-
-    Args:
-        config: The run's config.
-        command_name: The command (``airl``, ...): ``reward.algorithm_specific``.
-        key: The budget's config key.
-        value: The budget.
-        make_optimizer: Builds the trainer's optimizer over given parameters.
+    The trainer's own check, made before the run directory exists: one environment
+    is made (and closed) for its spaces and the reward net built on the CPU, as
+    imitation's ingredient builds it for ``command_name``. Only for a single net.
 
     Raises:
         ValueError: naming ``key``, the bytes needed and the bytes given.
     """
-    parsed = budget.parse_budget(value, key)
-    reward = config.get("reward")
-    if not isinstance(parsed, int) or not isinstance(reward, Mapping):
+    reward = _reward_net(config, command_name)
+    if not isinstance(memory_budget, int) or reward is None:
         return
-    specific = reward.get("algorithm_specific", {}).get(command_name, {})
-    net_cls = specific.get("net_cls", reward.get("net_cls"))
+    _, net_cls, net_kwargs, layer = reward
     if not (
         isinstance(net_cls, type)
         and issubclass(net_cls, reward_nets.RewardNet)
         and not issubclass(net_cls, reward_nets.RewardEnsemble)
     ):
         return
-    net_kwargs = {**reward.get("net_kwargs", {}), **specific.get("net_kwargs", {})}
-    layer = specific.get("normalize_output_layer", reward.get("normalize_output_layer"))
     environment = config["environment"]
     env = gym.make(environment["gym_id"], **environment["env_make_kwargs"])
     env.close()  # only its spaces are read, as the reward ingredient reads a venv's
@@ -538,14 +447,30 @@ def check_budget_holds_net(
         net_kwargs,
         layer,
     )
-    needed = budget.training_state_bytes(make_optimizer(net.parameters()))
-    if parsed < needed:
-        raise ValueError(
-            f"{key}={budget.format_bytes(parsed)} is smaller than the "
-            f"{budget.format_bytes(needed)} that the reward net's parameters, their "
-            "gradients and the optimizer state need, before any pair: give a larger "
-            "budget, or 'auto'"
-        )
+    budget.check_holds_training_state(
+        memory_budget,
+        make_optimizer(net.parameters()),
+        "the reward net's parameters, their gradients and the optimizer state",
+        key,
+    )
+
+
+def _reward_net(
+    config: Mapping[str, Any], command_name: str
+) -> Optional[Tuple[Mapping[str, Any], Any, Dict[str, Any], Any]]:
+    # The reward ingredient (None if absent) and the net class, its arguments and
+    # the output norm layer it gives command_name.
+    reward = config.get("reward")
+    if not isinstance(reward, Mapping):
+        return None
+    specific = reward.get("algorithm_specific", {}).get(command_name, {})
+    net_kwargs = {**reward.get("net_kwargs", {}), **specific.get("net_kwargs", {})}
+    return (
+        reward,
+        specific.get("net_cls", reward.get("net_cls")),
+        net_kwargs,
+        specific.get("normalize_output_layer", reward.get("normalize_output_layer")),
+    )
 
 
 def check_checkpointing(
@@ -559,13 +484,10 @@ def check_checkpointing(
     Raises:
         ValueError: naming ``key`` and the net class (imitation's MLP nets).
     """
-    if enabled is not True:
+    found = _reward_net(config, command_name)
+    if enabled is not True or found is None:
         return
-    reward = config.get("reward")
-    if not isinstance(reward, Mapping):
-        return
-    specific = reward.get("algorithm_specific", {}).get(command_name, {})
-    net_cls = specific.get("net_cls", reward.get("net_cls"))
+    reward, net_cls, _, _ = found
     if isinstance(net_cls, type) and issubclass(net_cls, reward_nets.RewardEnsemble):
         net_cls = (reward.get("ensemble_member_config") or {}).get("net_cls")
     mlp = (reward_nets.BasicRewardNet, reward_nets.BasicShapedRewardNet)
@@ -586,11 +508,10 @@ def check_counts(config: Mapping[str, Any], keys: Iterable[str]) -> None:
 
 def check_reward_ingredient(config: Mapping[str, Any], command_name: str) -> None:
     """Checks imitation's ``reward`` ingredient: net class and sizes."""
-    reward = config.get("reward")
-    if not isinstance(reward, Mapping):
+    found = _reward_net(config, command_name)
+    if found is None:
         return
-    specific = reward.get("algorithm_specific", {}).get(command_name, {})
-    net_cls = specific.get("net_cls", reward.get("net_cls"))
+    reward, net_cls, net_kwargs, layer = found
     if not (isinstance(net_cls, type) and issubclass(net_cls, reward_nets.RewardNet)):
         raise ValueError(
             f"reward.net_cls={getattr(net_cls, '__name__', net_cls)!r} is not an "
@@ -598,11 +519,6 @@ def check_reward_ingredient(config: Mapping[str, Any], command_name: str) -> Non
             "a class cannot be named on the command line: set it in a named "
             "config or a config file"
         )
-    net_kwargs: Dict[str, Any] = {
-        **reward.get("net_kwargs", {}),
-        **specific.get("net_kwargs", {}),
-    }
-    layer = specific.get("normalize_output_layer", reward.get("normalize_output_layer"))
     if issubclass(net_cls, reward_nets.RewardEnsemble):
         # imitation builds the members from ensemble_member_config alone.
         member = reward.get("ensemble_member_config") or {}
@@ -656,7 +572,7 @@ def net_arguments(net_cls: type) -> Optional[Dict[str, inspect.Parameter]]:
     """
     params = {
         name: p
-        for name, p in _parameters(net_cls).items()
+        for name, p in _parameters(net_cls)[0].items()
         if name not in ("observation_space", "action_space")
     }
     takes_any = any(
@@ -668,7 +584,7 @@ def net_arguments(net_cls: type) -> Optional[Dict[str, inspect.Parameter]]:
     for cls, builder, set_by_net in _NET_KWARGS_TARGETS:
         if issubclass(net_cls, cls):
             set_by_net = (*_SET_BY_NETS, *set_by_net)
-            extra = _parameters(builder).items()
+            extra = _parameters(builder)[0].items()
             return {**{n: p for n, p in extra if n not in set_by_net}, **params}
     return None
 
@@ -682,8 +598,8 @@ def check_net_kwargs(
     patch's hook (an image net takes none).
 
     Raises:
-        ValueError: naming ``<key>.<name>`` that ``net_cls`` does not take, or a
-            bool argument given another value.
+        ValueError: naming ``<key>.<name>`` that ``net_cls`` does not take.
+        TypeError: naming a bool argument given another value.
     """
     accepted = net_arguments(net_cls)
     if accepted is None:
@@ -710,7 +626,7 @@ def _check_norm_class(key: str, layer: object) -> None:
 def check_preference_model_kwargs(kwargs: Any) -> None:
     """``preference_model_kwargs``: a dict of ``PreferenceModel`` arguments in range."""
     if not isinstance(kwargs, Mapping):
-        raise ValueError(
+        raise TypeError(
             f"preference_model_kwargs={kwargs!r} must be a dict of PreferenceModel "
             "arguments (noise_prob, discount_factor, threshold)"
         )
@@ -750,18 +666,12 @@ def check_known_keys(
     """Refuses a key of the updates or named configs that ``ex`` does not know.
 
     sacred's own rule, which imitation's experiments apply: at the root and in each
-    ingredient, a key must be one of the defaults there, an argument of a captured
-    function there, a sub-ingredient, or ``seed``. Deeper keys, inside a dict-valued
-    entry (``reward_trainer_kwargs``, ``environment.env_make_kwargs``, ...), are
-    checked by the hooks against what receives them. Nothing is built or run: the
-    experiment's config scopes and named configs are evaluated as sacred does.
-    (sacred misses such keys once an experiment adds a config dict after its
-    scopes, as ``ex.add_config`` does; this check does not.)
-
-    Args:
-        ex: A sacred experiment.
-        config_updates: The user's updates (dotted or nested).
-        named_configs: The named configs and config files of the run.
+    ingredient, a key must be a default there, an argument of a captured function
+    there, a sub-ingredient, or ``seed``; keys inside a dict-valued entry
+    (``reward_trainer_kwargs``, ...) are left to the hooks. The config scopes and
+    named configs are evaluated as sacred does, nothing is run. (sacred misses such
+    keys once an experiment adds a config dict after its scopes, as
+    ``ex.add_config`` does.)
 
     Raises:
         UnknownConfigKeyError: naming the first unknown key, with near matches.

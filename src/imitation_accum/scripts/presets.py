@@ -262,7 +262,9 @@ QUICKSTART = Preset(
                 use_next_state=True,
             )
         ),
-        reward_trainer_kwargs=dict(epochs=6, batch_size=32, minibatch_size=8, lr=1.5e-3),
+        reward_trainer_kwargs=dict(
+            epochs=6, batch_size=32, minibatch_size=8, lr=1.5e-3
+        ),
         policy_evaluation=dict(n_episodes_eval=8),
         held_out_pairs=200,  # the accuracy printed at the end
     ),

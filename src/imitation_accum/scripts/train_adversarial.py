@@ -133,26 +133,22 @@ def check_algorithm_kwargs(
             "algorithm_kwargs", kwargs, algorithm, (*_SCRIPT_ARGUMENTS, "custom_logger")
         )
         # The constructors' own checks, each message naming algorithm_kwargs.<key>.
-        arguments.check_arguments(kwargs, "algorithm_kwargs.")
-        make_optimizer = config_checks.disc_optimizer(kwargs, algorithm)
+        settings, _ = arguments.check_arguments(kwargs, "algorithm_kwargs.")
         # imitation's AdversarialTrainer moves the reward net to the agent's device.
+        device = config["rl"]["rl_kwargs"].get("device", "auto")
         config_checks.check_on_device(
-            kwargs,
-            "algorithm_kwargs.",
-            "rl.rl_kwargs.device",
-            config["rl"]["rl_kwargs"].get("device", "auto"),
-            trains,
-            logger,
+            settings, "rl.rl_kwargs.device", device, trains, logger
         )
     config_checks.check_counts(config, ("total_timesteps",))
     if trains:
         config_checks.check_reward_ingredient(config, command_name)
+        disc_opt_cls = kwargs.get("disc_opt_cls", arguments.DISC_OPT_CLS)
         config_checks.check_budget_holds_net(
             config,
             command_name,
             "algorithm_kwargs.memory_budget",
-            kwargs.get("memory_budget"),
-            make_optimizer,
+            settings.memory_budget,
+            functools.partial(disc_opt_cls, **(kwargs.get("disc_opt_kwargs") or {})),
         )
     return {}
 

@@ -128,7 +128,7 @@ def check_added_keys(
 ) -> Dict[str, Any]:
     """Config hook: ``initial_epoch_multiplier`` > 0, ``held_out_pairs`` >= 0."""
     del command_name, logger
-    _validation.positive_finite_float(
+    _validation.finite_float(
         "initial_epoch_multiplier", config["initial_epoch_multiplier"]
     )
     _validation.non_negative_int("held_out_pairs", config["held_out_pairs"])
@@ -169,11 +169,11 @@ def check_reward_trainer_kwargs(
     Trainer, gatherer and fragmenter arguments, counts, bools, the query schedule,
     the reward net's arguments, and what the training device must allow.
     """
-    config_checks.check_reward_trainer_kwargs(
-        config["reward_trainer_kwargs"],
+    trainer_kwargs = config["reward_trainer_kwargs"]
+    settings, make_optimizer = config_checks.check_reward_trainer_kwargs(
+        trainer_kwargs,
         imitation_accum.CrossEntropyRewardTrainer,
         _TRAINER_OWN_ARGUMENTS,
-        logger,
     )
     config_checks.check_preference_model_kwargs(config["preference_model_kwargs"])
     config_checks.check_counts(config, _COUNTS)
@@ -209,32 +209,25 @@ def check_reward_trainer_kwargs(
         _SET_BY_SCRIPT,
     )
     config_checks.check_reward_ingredient(config, command_name)
-    trainer_kwargs = config["reward_trainer_kwargs"]
     config_checks.check_checkpointing(
         config,
         command_name,
         "reward_trainer_kwargs.activation_checkpointing",
-        trainer_kwargs.get("activation_checkpointing"),
+        settings.activation_checkpointing,
     )
     trains = command_name == "train_preference_comparisons"
     # Where imitation's script puts the reward net: on the agent's device.
+    device = config["rl"]["rl_kwargs"].get("device", "auto")
     config_checks.check_on_device(
-        trainer_kwargs,
-        "reward_trainer_kwargs.",
-        "rl.rl_kwargs.device",
-        config["rl"]["rl_kwargs"].get("device", "auto"),
-        trains,
-        logger,
+        settings, "rl.rl_kwargs.device", device, trains, logger
     )
     if trains:
         config_checks.check_budget_holds_net(
             config,
             command_name,
             "reward_trainer_kwargs.memory_budget",
-            trainer_kwargs.get("memory_budget"),
-            config_checks.trainer_optimizer(
-                trainer_kwargs, imitation_accum.CrossEntropyRewardTrainer
-            ),
+            settings.memory_budget,
+            make_optimizer,
         )
     return {}
 

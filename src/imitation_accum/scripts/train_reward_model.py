@@ -50,6 +50,7 @@ from stable_baselines3.common import logger as sb_logger
 from torch.utils import data as data_th
 
 from imitation_accum import _validation, checkpoint, distributed
+from imitation_accum.engine import arguments as engine_arguments
 from imitation_accum.preference import dataset_checks
 from imitation_accum.preference.dataset import (
     ImitationPreferenceDataset,
@@ -184,11 +185,10 @@ def _check_config(
     if not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
         raise ValueError(f"held_out_fraction={fraction!r} must lie in [0, 1)")
     trainer_kwargs = config["reward_trainer_kwargs"]
-    config_checks.check_reward_trainer_kwargs(
+    settings, make_optimizer = config_checks.check_reward_trainer_kwargs(
         trainer_kwargs,
         distributed.DistributedRewardTrainer,
         _SET_BY_EXPERIMENT,
-        logger,
         _optimizer_class(trainer_kwargs.get("optimizer_cls", "AdamW")),
     )
     config_checks.check_preference_model_kwargs(config["preference_model_kwargs"])
@@ -199,46 +199,25 @@ def _check_config(
     resume = config["resume_from"]
     if resume is not None and not pathlib.Path(resume).is_file():
         raise ValueError(f"resume_from={resume!r}: no such file")
-    unverified = config["resume_unverified_dataset"]
-    if not isinstance(unverified, bool):
-        raise ValueError(
-            f"resume_unverified_dataset={unverified!r} must be True or False"
-        )
+    _validation.boolean(
+        "resume_unverified_dataset", config["resume_unverified_dataset"]
+    )
     _check_regularizer(config["regularizer"])
     config_checks.check_reward_ingredient(config, "train_reward_model")
-    if config["device"] != "auto":
-        try:
-            th.device(config["device"])
-        except (RuntimeError, TypeError) as error:
-            raise ValueError(
-                f"device={config['device']!r} is not a device: give 'auto', 'cpu', "
-                "'cuda' or 'cuda:N'"
-            ) from error
-    config_checks.check_on_device(
-        trainer_kwargs,
-        "reward_trainer_kwargs.",
-        "device",
-        config["device"],
-        trains,
-        logger,
-    )
+    config_checks.check_on_device(settings, "device", config["device"], trains, logger)
     if trains:
         config_checks.check_budget_holds_net(
             config,
             "train_reward_model",
             "reward_trainer_kwargs.memory_budget",
-            trainer_kwargs.get("memory_budget"),
-            config_checks.trainer_optimizer(
-                trainer_kwargs,
-                distributed.DistributedRewardTrainer,
-                _optimizer_class(trainer_kwargs.get("optimizer_cls", "AdamW")),
-            ),
+            settings.memory_budget,
+            make_optimizer,
         )
     config_checks.check_checkpointing(
         config,
         "train_reward_model",
         "reward_trainer_kwargs.activation_checkpointing",
-        trainer_kwargs.get("activation_checkpointing"),
+        settings.activation_checkpointing,
     )
     distributed.process_group.check_timeout(
         "collective_timeout_s", config["collective_timeout_s"]
@@ -280,11 +259,11 @@ def _check_regularizer(section: Mapping[str, Any]) -> None:
     _validation.finite_float(
         "regularizer.initial_lambda", section.get("initial_lambda"), allow_zero=True
     )
-    _validation.positive_finite_float("regularizer.p", section.get("p"))
+    _validation.finite_float("regularizer.p", section.get("p"))
     factor = section.get("scaling_factor")
     if kind is None or factor is None:
         return
-    _validation.positive_finite_float("regularizer.scaling_factor", factor)
+    _validation.finite_float("regularizer.scaling_factor", factor)
     if not factor < 1:
         raise ValueError(f"regularizer.scaling_factor={factor!r} must lie in (0, 1)")
     interval = section.get("tolerable_interval")
@@ -298,7 +277,7 @@ def _check_regularizer(section: Mapping[str, Any]) -> None:
             f"regularizer.tolerable_interval={interval!r} must be a pair (low, "
             "high) with 0 <= low < high"
         )
-    val_split = _validation.positive_finite_float(
+    val_split = _validation.finite_float(
         "regularizer.val_split", section.get("val_split")
     )
     if not val_split < 1:
@@ -307,18 +286,12 @@ def _check_regularizer(section: Mapping[str, Any]) -> None:
 
 def _optimizer_class(value: Any) -> type:
     # reward_trainer_kwargs.optimizer_cls: a torch optimizer class, or its name.
-    cls = getattr(th.optim, value, None) if isinstance(value, str) else value
-    if isinstance(cls, type) and issubclass(cls, th.optim.Optimizer):
-        return cls
+    key = "reward_trainer_kwargs.optimizer_cls"
     if isinstance(value, str):
-        raise ValueError(
-            f"reward_trainer_kwargs.optimizer_cls={value!r} is not an optimizer "
-            "of torch.optim"
-        )
-    raise ValueError(
-        f"reward_trainer_kwargs.optimizer_cls={value!r} must be a torch.optim "
-        "optimizer class or its name"
-    )
+        if not isinstance(getattr(th.optim, value, None), type):
+            raise ValueError(f"{key}={value!r} is not an optimizer of torch.optim")
+        value = getattr(th.optim, value)
+    return engine_arguments.optimizer_class(key, value)
 
 
 def _load_dataset(path: str, trust_pickle: bool) -> pc.PreferenceDataset:
