@@ -208,5 +208,5 @@ def test_parsed_settings_are_what_train_uses(rng):
     trainer.drop_last = np.True_
     trainer.train(ref.make_dataset(rng, 6, (3, 4)))
     assert trainer.memory_budget == 6 * 2**30
-    assert type(trainer.max_grad_norm) is float and trainer.engine.max_grad_norm == 0.5
+    assert type(trainer.max_grad_norm) is float and trainer.max_grad_norm == 0.5
     assert trainer.drop_last is True
