@@ -202,7 +202,8 @@ def _renameat2() -> Optional[Any]:
         function = ctypes.CDLL(None, use_errno=True).renameat2
     except (AttributeError, OSError):
         return None
-    function.argtypes = [ctypes.c_int, ctypes.c_char_p] * 2 + [ctypes.c_uint]
+    int_, path = ctypes.c_int, ctypes.c_char_p
+    function.argtypes = [int_, path, int_, path, ctypes.c_uint]
     function.restype = ctypes.c_int
     return function
 

@@ -211,11 +211,18 @@ def save_agent_and_environments(
     """
     (directory / AGENT).write_bytes(save_agent(agent))
     try:
-        saved = save_environments(agent.get_env(), named)
+        saved = save_environments(_environments(agent), named)
     except (TypeError, AttributeError, ValueError, pickle.PicklingError) as error:
         return str(error)
     (directory / ENVIRONMENTS).write_bytes(saved)
     return None
+
+
+def _environments(agent: base_class.BaseAlgorithm) -> vec_env.VecEnv:
+    venv = agent.get_env()
+    if venv is None:
+        raise TypeError(f"the {type(agent).__name__} agent has no environments")
+    return venv
 
 
 def restore_agent_and_environments(
@@ -237,7 +244,7 @@ def restore_agent_and_environments(
     """
     where = f"checkpoint {str(checkpoint)!r}"
     restore_agent(agent, (checkpoint / AGENT).read_bytes(), where)
-    venv = agent.get_env()
+    venv = _environments(agent)
     if (checkpoint / ENVIRONMENTS).is_file():
         saved = (checkpoint / ENVIRONMENTS).read_bytes()
         restore_environments(venv, saved, named, where)

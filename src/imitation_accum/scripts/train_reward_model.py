@@ -651,8 +651,9 @@ def train_reward_model(
                 )
                 checkpoint.save_training_state(captured, state_path)
 
-        train_set = data_th.Subset(dataset, train_idx.tolist())
-        held_out_set = data_th.Subset(dataset, held_out_idx.tolist())
+        # Subsets of the store (the trainer reads them from it, no copy).
+        train_set: Any = data_th.Subset(dataset, train_idx.tolist())
+        held_out_set: Any = data_th.Subset(dataset, held_out_idx.tolist())
         history: List[Dict[str, float]] = []
         for epoch in range(first_epoch + 1, epochs + 1):
             experiment.exit_if_stopped()
