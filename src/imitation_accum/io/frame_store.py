@@ -45,17 +45,12 @@ def write_store(
 ) -> Dict[str, Any]:
     """Writes a store to directory ``path``, replacing any store there, atomically.
 
-    ``path`` holds the complete old store or the complete new one at every moment
-    (:func:`imitation_accum.io.atomic.atomic_directory` with ``replace``).
-
     Args:
         path: The store's directory.
-        arrays: Per array name, its rows as consecutive blocks (written in turn,
-            never concatenated in memory).
+        arrays: Per array name, its rows as consecutive blocks (never concatenated).
         shapes: Per array name, its full shape and dtype.
         metadata: JSON-serializable metadata kept in the manifest.
-        env_id: The environment id recorded under the manifest's ``"env_id"``
-            (left out if ``None``).
+        env_id: The environment id kept as the manifest's ``"env_id"`` (if any).
 
     Returns:
         The manifest written.
@@ -63,8 +58,7 @@ def write_store(
     Raises:
         FileExistsError: if ``path`` exists and is not a frame store (checked
             before anything is written).
-        OSError: if the new store cannot be moved into place; the message says
-            where the old and the new store are.
+        OSError: as :func:`imitation_accum.io.atomic.atomic_directory`.
     """
     target = pathlib.Path(path)
     if os.path.lexists(target) and (
@@ -503,18 +497,18 @@ class Appender:
     ) -> Dict[str, Any]:
         """Appends rows to every array, after its committed rows; returns the manifest.
 
-        The manifest (also written to the store's ``manifest.json``) holds until
-        :meth:`commit`; another append before then replaces these rows.
+        The manifest (also written as ``manifest.json``) holds until :meth:`commit`;
+        another append before then replaces these rows.
 
         Args:
             arrays: Per array name, the new rows as consecutive blocks.
-            shapes: Per array name, its full shape (committed and new rows) and dtype.
+            shapes: Per array name, its full shape (all rows) and dtype.
             metadata: JSON-serializable metadata kept in the manifest.
-            env_id: The environment id recorded in the manifest (if not ``None``).
+            env_id: The environment id kept in the manifest (if any).
 
         Raises:
-            ValueError: if the arrays are not the committed ones, a row shape or
-                dtype differs from theirs, or the blocks do not fill the shape.
+            ValueError: if the arrays, a row shape or dtype differ from the committed
+                ones, or the blocks do not fill the shape.
         """
         manifest, hashes = self._committed
         committed = {} if manifest is None else manifest["arrays"]
@@ -583,28 +577,23 @@ def committed_bytes(manifest: Mapping[str, Any]) -> Dict[str, int]:
 def open_committed(
     path: AnyPath, manifest: Any, source: str, names: Iterable[str]
 ) -> Tuple[Dict[str, np.ndarray], Appender]:
-    """Maps the arrays of a grown store as a committed manifest records them.
+    """Maps a grown store's arrays as a committed manifest records them.
 
-    Every committed byte is hashed and checked. The files may hold more (an
-    append cut short or never committed): it is not read, and the next append of
-    the returned :class:`Appender` cuts it off. Nothing is written. Headers are not
-    read (an uncommitted append may have rewritten them): the data start at
-    :func:`append_header_bytes`.
+    Every committed byte is hashed and checked; bytes after them (an append cut
+    short or never committed) are not read, and the returned appender's next
+    append cuts them off. Nothing is written.
 
     Args:
         path: The store's directory.
         manifest: The committed manifest (as :meth:`Appender.append` returned it).
         source: Where ``manifest`` was read from, for messages.
-        names: The arrays to open (the manifest must have an entry for each).
+        names: The arrays to open.
 
     Returns:
-        Per array name, a read-only ``np.memmap`` of its committed rows (or an
-        empty array); and an :class:`Appender` that appends after them.
+        Per array, a read-only map of its committed rows; an :class:`Appender`.
 
     Raises:
-        StoreError: naming the file, if it is missing, not a regular file, shorter
-            than the manifest records, or its committed bytes' SHA-256 differs;
-            naming ``source`` if the manifest is not one of this version.
+        StoreError: naming the file or ``source``, as :func:`open_array`.
     """
     directory = pathlib.Path(path)
     check_manifest(manifest, source)

@@ -220,13 +220,11 @@ def write(
         command: The experiment's command that ran (``airl``, ``gail``).
         config: The run's config (JSON form, :func:`json_config`).
         write_files: Writes the checkpoint's files into the directory it is given
-            and returns plain values recorded in the manifest (``"metadata"``).
-            The manifest records every file's size, and the SHA-256 of those at
-            the top (a sub-directory's, a frame store's, checks its own). Under
-            the key :data:`SHARED`, the result may name files this checkpoint
-            needs outside it, written and ``fsync``-ed already: their paths
-            ``"DIRECTORY/FILE"`` in the checkpoints' root and the bytes committed
-            of each (the manifest's ``"shared"`` table).
+            and returns plain values kept as the manifest's ``"metadata"``; under
+            :data:`SHARED`, the files it needs outside it (``"DIRECTORY/FILE"`` in
+            the checkpoints' root, written and ``fsync``-ed) and their committed
+            bytes. The manifest records every file's size, and the SHA-256 of those
+            at the top (a frame store checks its own).
 
     Returns:
         The checkpoint's directory.

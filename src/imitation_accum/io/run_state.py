@@ -139,18 +139,11 @@ def picklable_environments(venv: vec_env.VecEnv) -> Optional[str]:
 def save_environments(venv: vec_env.VecEnv, named: Mapping[str, Any]) -> bytes:
     """Pickles the state of every layer of ``venv`` (see the module's docstring).
 
-    Args:
-        venv: The agent's vector environment (``agent.get_env()``).
-        named: Other objects the layers refer to that a resumed run rebuilds (the
-            reward net, the agent), by name.
-
-    Returns:
-        The pickle.
+    ``named``: other objects the layers refer to that a run rebuilds, by name.
 
     Raises:
         TypeError: if ``venv`` cannot be saved (:func:`picklable_environments`).
-        pickle.PicklingError, AttributeError: if a layer holds something that
-            does not pickle.
+        pickle.PicklingError, AttributeError: if a layer holds what does not pickle.
     """
     reason = picklable_environments(venv)
     if reason is not None:

@@ -758,18 +758,11 @@ class PreferenceDataset(ImitationPreferenceDataset):
     ) -> Tuple["PreferenceDataset", frame_store.Appender]:
         """Opens a store grown by :meth:`append_to` as a committed manifest records it.
 
-        As :meth:`load` (memory-mapped, read-only, every array's SHA-256 and the
-        arrays against each other checked), but from ``manifest`` and only the
-        rows it commits (:func:`imitation_accum.io.frame_store.open_committed`).
-
-        Args:
-            path: The store's directory.
-            manifest: Its committed manifest, as :meth:`append_to` returned it.
-            source: Where ``manifest`` was read from, for messages.
+        As :meth:`load`, but only the rows ``manifest`` commits
+        (:func:`imitation_accum.io.frame_store.open_committed`, ``source`` naming it).
 
         Returns:
-            The dataset, and the store's appender: :meth:`append_to` it appends
-            the pairs pushed later.
+            The dataset, and the appender :meth:`append_to` grows the store with.
 
         Raises:
             imitation_accum.io.frame_store.StoreError: naming the file at fault.
@@ -1039,20 +1032,12 @@ class _ImitationUnpickler(pickle.Unpickler):
 def read_imitation_pickle(path: AnyPath, name: str) -> ImitationPreferenceDataset:
     """Loads what imitation's ``PreferenceDataset.save`` wrote (a trusted pickle).
 
-    Loading a pickle runs any code it holds: only for files you trust. Under
-    ``patch()`` too, the dataset comes back as imitation's class.
-
-    Args:
-        path: The pickle file.
-        name: How error messages name it.
-
-    Returns:
-        imitation's dataset.
+    Loading a pickle runs any code it holds. The dataset comes back as imitation's
+    class, also under ``patch()``; ``name`` names the file in messages.
 
     Raises:
-        ValueError: naming ``name`` if the file does not unpickle, or holds
-            something other than imitation's ``PreferenceDataset``; if it is a
-            directory, saying how to load that.
+        ValueError: naming ``name`` if the file does not unpickle to imitation's
+            ``PreferenceDataset``, or is a directory (saying how to load that).
     """
     if util.parse_path(path).is_dir():
         raise ValueError(
