@@ -3,6 +3,9 @@
 import functools
 import pathlib
 import pickle
+import signal
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -122,6 +125,48 @@ def test_a_write_keeps_the_last_checkpoint_and_removes_partial_ones(tmp_path):
     assert manifest["files"]["f"]["bytes"] == 2
     with pytest.raises(ValueError, match="is a checkpoint of 'e', not of other"):
         run_checkpoint.read_manifest(last, "other", "resume_from")
+
+
+_CRASHING_WRITE = """
+import os, signal, sys
+from imitation_accum.io import atomic, run_checkpoint
+log_dir, where = sys.argv[1], sys.argv[2]
+def crash(*args):
+    os.kill(os.getpid(), signal.SIGKILL)  # no handler, no cleanup: a crash
+def write(count):
+    def files(directory):
+        (directory / "a").write_bytes(bytes([count]) * 4096)
+        if count == 2 and where == "files":
+            crash()
+        (directory / "b").write_bytes(bytes([count]) * 4096)
+        return {"count": count}
+    run_checkpoint.write(
+        log_dir, count, experiment="e", command="c", config={}, write_files=files
+    )
+write(1)
+if where == "rename":  # written and fsync-ed, not yet renamed into place
+    atomic._move_in = crash
+if where == "discard":  # in place, the older one not yet removed
+    run_checkpoint._discard = crash
+write(2)
+"""
+
+
+@pytest.mark.parametrize("where", ["files", "rename", "discard"])
+def test_a_crash_while_checkpointing_leaves_the_old_or_the_new_one(tmp_path, where):
+    done = subprocess.run(
+        [sys.executable, "-c", _CRASHING_WRITE, str(tmp_path), where],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    latest = run_checkpoint.complete(run_checkpoint.root(tmp_path))[-1]
+    manifest = run_checkpoint.read_manifest(latest, "e", "resume_from")
+    count = 2 if where == "discard" else 1
+    assert manifest["metadata"] == {"count": count}
+    for name in ("a", "b"):  # every file of that one write, none of the other
+        assert (latest / name).read_bytes() == bytes([count]) * 4096
 
 
 def test_shared_files_are_checked_and_unnamed_shared_directories_removed(tmp_path):

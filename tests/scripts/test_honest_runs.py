@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from imitation.algorithms import preference_comparisons as pc
 
-from imitation_accum import checkpoint
-from imitation_accum.scripts import train_reward_model as script
+from imitation_accum import PreferenceDataset, checkpoint
+from imitation_accum.io import frame_store
 from tests.scripts.test_train_reward_model import (  # noqa: F401
     preferences_path,
     run,
@@ -28,39 +28,38 @@ def other_preferences_path(preferences_path, tmp_path_factory) -> pathlib.Path:
     return path
 
 
+def fingerprint(dataset) -> str:
+    return PreferenceDataset.of_pairs(dataset).fingerprint()
+
+
 def test_fingerprint_tells_same_sized_datasets_apart(
     preferences_path, other_preferences_path
 ):
     same = pc.PreferenceDataset.load(preferences_path)
-    a = script.dataset_fingerprint(same)
-    assert a == script.dataset_fingerprint(pc.PreferenceDataset.load(preferences_path))
-    assert a != script.dataset_fingerprint(
-        pc.PreferenceDataset.load(other_preferences_path)
-    )
+    a = fingerprint(same)
+    assert a == fingerprint(pc.PreferenceDataset.load(preferences_path))
+    assert a != fingerprint(pc.PreferenceDataset.load(other_preferences_path))
     flipped = pc.PreferenceDataset.load(preferences_path)
     flipped.preferences = 1 - np.asarray(flipped.preferences)
-    assert a != script.dataset_fingerprint(flipped)
+    assert a != fingerprint(flipped)
 
 
-def test_fingerprint_of_a_store_is_its_own():
-    class Store:
-        def fingerprint(self):
-            return "manifest:abc"
-
-        def __len__(self):
-            raise AssertionError("a store's own fingerprint needs no reading")
-
-    assert script.dataset_fingerprint(Store()) == "manifest:abc"
+def test_a_pickle_and_its_store_have_one_fingerprint(preferences_path, tmp_path):
+    data = pc.PreferenceDataset.load(preferences_path)
+    store = PreferenceDataset.of_pairs(data)
+    store.save(tmp_path / "store")
+    assert fingerprint(data) == PreferenceDataset.load(tmp_path / "store").fingerprint()
+    assert store.fingerprint() == frame_store.fingerprint_of(
+        frame_store.read_manifest(tmp_path / "store")
+    )
 
 
 def test_fingerprint_of_a_plain_sequence_of_pairs(preferences_path):
     data = pc.PreferenceDataset.load(preferences_path)
     items = [data[i] for i in range(len(data))]
-    assert script.dataset_fingerprint(items).startswith("sha256:")
+    assert fingerprint(items) == fingerprint(data)
     items[39] = ((items[39][0][1], items[39][0][0]), items[39][1])
-    assert script.dataset_fingerprint(items) != script.dataset_fingerprint(
-        [data[i] for i in range(len(data))]
-    )
+    assert fingerprint(items) != fingerprint(data)
 
 
 def test_resume_on_other_data_names_both_files(

@@ -61,6 +61,7 @@ def resume(config, run_dir, command="gail", **updates):
         **{k: v for k, v in config.items() if k != "seed"},
         "logging": LOGS,
         "resume_from": str(run_dir),
+        "trust_pickle": True,  # the checkpoint's replay buffer is a pickle
         **updates,
     }
     result = ex.run(
@@ -176,6 +177,12 @@ def test_resumed_airl_equals_uninterrupted(config, tmp_path, monkeypatch):
 
 def test_other_command_and_changed_config_are_refused(config, stopped, tmp_path):
     run_dir = copy_run(stopped, tmp_path)
+    before = sorted(p.name for p in run_dir.rglob("*"))
+    with pytest.raises(ValueError, match=r"replay_buffer\.pkl, a pickle.*trust_pickle"):
+        resume(config, run_dir, trust_pickle=False)
+    with pytest.raises(ValueError, match="trust_pickle must be a bool"):
+        resume(config, run_dir, trust_pickle="yes")
+    assert sorted(p.name for p in run_dir.rglob("*")) == before
     with pytest.raises(ValueError, match=r"checkpoint of the 'gail' command, not of"):
         resume(config, run_dir, "airl")
     with pytest.raises(

@@ -2,25 +2,19 @@
 
 :func:`resumable_class` makes, of this package's ``AIRL`` or ``GAIL``, a class whose
 ``train()`` writes a checkpoint (:mod:`imitation_accum.io.run_checkpoint`) every
-``interval`` rounds and after the last, and starts after the rounds a checkpoint
-holds. A checkpoint holds:
+``interval`` rounds and after the last, and starts after the rounds one holds:
 
-- ``state.pt`` (tensors and plain values, read with ``weights_only=True``): the
-  discriminator's reward net (AIRL's with its potential; norm statistics included)
-  and optimizer, the rounds completed, the global and discriminator step counters
-  (the logger's steps), where the expert batches are (the torch generator's state
-  when the current pass over the demonstrations began, and the batches taken
-  since), and the global generators (``random``, numpy's: the replay buffer's
-  draws, torch's);
-- ``agent.zip`` and ``environments.pkl``: the generator, as for preference
-  comparisons (:mod:`imitation_accum.io.run_state`);
-- ``replay_buffer.pkl``: the generator replay buffer (numpy arrays).
+- ``state.pt`` (read with ``weights_only=True``): the discriminator's reward net
+  and optimizer, the rounds done, the global and discriminator steps, where the
+  expert batches are (:class:`ExpertBatches`) and the global generators;
+- ``agent.zip`` and ``environments.pkl`` (:mod:`imitation_accum.io.run_state`);
+- ``replay_buffer.pkl``: the generator replay buffer, pickled (imitation keeps its
+  infos as objects); read back only with ``trust_pickle``.
 
 The demonstrations are not saved: a resumed run loads them from its config.
 """
 
 import functools
-import io
 import pickle
 import time
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional
@@ -34,9 +28,8 @@ from imitation_accum.io import run_checkpoint, run_state
 #: The experiment whose checkpoints these are.
 EXPERIMENT = "train_adversarial"
 _STATE = "state.pt"
-_AGENT = "agent.zip"
-_ENVIRONMENTS = "environments.pkl"
-_REPLAY_BUFFER = "replay_buffer.pkl"
+#: The checkpoint's pickle of the replay buffer (read only with ``trust_pickle``).
+REPLAY_BUFFER = "replay_buffer.pkl"
 
 
 class ExpertBatches(Iterator[Any]):
@@ -163,25 +156,22 @@ class ResumableRounds:
             "generators": run_state.capture_generators({}),
         }
         th.save(state, directory / _STATE)
-        agent = trainer.gen_algo
-        (directory / _AGENT).write_bytes(run_state.save_agent(agent))
-        buffer = io.BytesIO()
-        pickle.dump(trainer._gen_replay_buffer, buffer)
-        (directory / _REPLAY_BUFFER).write_bytes(buffer.getvalue())
-        try:
-            saved = run_state.save_environments(agent.get_env(), self._shared())
-        except (TypeError, AttributeError, ValueError, pickle.PicklingError) as error:
-            if not self._unsaved_environments_warned:  # once a run, not every round
-                trainer.logger.warn(
-                    f"The environments cannot be saved ({error}): a resumed run "
-                    "restarts them from reset with a seed derived from the run's seed "
-                    "and the round, and is not bit-identical to an uninterrupted one "
-                    "(environment.parallel=False keeps them in this process)"
-                )
-                self._unsaved_environments_warned = True
-            return {"round": self._round, "environments": f"not saved: {error}"}
-        (directory / _ENVIRONMENTS).write_bytes(saved)
-        return {"round": self._round, "environments": "saved"}
+        (directory / REPLAY_BUFFER).write_bytes(
+            pickle.dumps(trainer._gen_replay_buffer, pickle.HIGHEST_PROTOCOL)
+        )
+        error = run_state.save_agent_and_environments(
+            directory, trainer.gen_algo, self._shared()
+        )
+        if error is not None and not self._unsaved_environments_warned:
+            trainer.logger.warn(
+                f"The environments cannot be saved ({error}): a resumed run "
+                "restarts them from reset with a seed derived from the run's seed "
+                "and the round, and is not bit-identical to an uninterrupted one "
+                "(environment.parallel=False keeps them in this process)"
+            )
+            self._unsaved_environments_warned = True  # once a run, not every round
+        saved = "saved" if error is None else f"not saved: {error}"
+        return {"round": self._round, "environments": saved}
 
     def _checkpoint(self) -> None:
         log_dir = self.checkpointing.log_dir
@@ -205,6 +195,12 @@ class ResumableRounds:
     def _resume(self, checkpoint: Any) -> None:
         trainer: Any = self
         where = f"checkpoint {str(checkpoint)!r}"
+        if not self.checkpointing.trust_pickle:
+            raise ValueError(
+                f"{where} holds the replay buffer as a pickle ({REPLAY_BUFFER}), and "
+                "loading a pickle runs any code it holds: set trust_pickle=True if "
+                "you trust the checkpoint"
+            )
         state = th.load(checkpoint / _STATE, map_location="cpu", weights_only=True)
         net = trainer._reward_net
         try:
@@ -215,20 +211,15 @@ class ResumableRounds:
             raise ValueError(
                 f"{where}: its reward net does not fit: {error}"
             ) from error
-        buffer = run_checkpoint.file_bytes(checkpoint, _REPLAY_BUFFER)
+        buffer = (checkpoint / REPLAY_BUFFER).read_bytes()
         trainer._gen_replay_buffer = pickle.loads(buffer)
-        agent = trainer.gen_algo
-        run_state.restore_agent(
-            agent, run_checkpoint.file_bytes(checkpoint, _AGENT), where
+        seed = run_state.restore_agent_and_environments(
+            checkpoint,
+            trainer.gen_algo,
+            self._shared(),
+            run_state.derived_seed(self.checkpointing.seed, state["round"]),
         )
-        if (checkpoint / _ENVIRONMENTS).is_file():
-            saved = run_checkpoint.file_bytes(checkpoint, _ENVIRONMENTS)
-            run_state.restore_environments(
-                agent.get_env(), saved, self._shared(), where
-            )
-        else:
-            seed = run_state.derived_seed(self.checkpointing.seed, state["round"])
-            run_state.reseed_environments(agent, agent.get_env(), seed)
+        if seed is not None:
             trainer.logger.warn(
                 f"{where} holds no environments: they restart from reset with seed "
                 f"{seed} (derived from the run's seed and round {state['round']})"

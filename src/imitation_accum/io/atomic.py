@@ -1,19 +1,23 @@
-"""Atomic files: written to a temporary sibling, ``fsync``-ed, renamed over the target.
+"""Atomic writes: a temporary sibling, ``fsync``-ed, renamed over the target.
 
-A directory of files (:func:`atomic_directory`) is written the same way. SIGTERM
-and SIGINT that arrive during a write take effect once it is done, so a stopped
-process leaves no temporary file behind.
+The one helper for files (:func:`atomic_write`) and one for directories
+(:func:`atomic_directory`: checkpoints, frame stores). SIGTERM and SIGINT that
+arrive during a write take effect once it is done, so a stopped process leaves no
+temporary file behind.
 """
 
 import contextlib
+import ctypes
 import errno
+import functools
 import os
 import pathlib
 import secrets
 import shutil
 import signal
+import sys
 import threading
-from typing import IO, Any, Callable, Iterator, List, Tuple, Union
+from typing import IO, Any, Callable, Iterator, List, Optional, Tuple, Union
 
 import torch as th
 
@@ -84,26 +88,33 @@ def atomic_write(path: AnyPath, write: Callable[[IO[bytes]], Any]) -> pathlib.Pa
 
 
 @contextlib.contextmanager
-def atomic_directory(path: AnyPath) -> Iterator[pathlib.Path]:
-    """A new directory ``path`` that appears complete or not at all.
+def atomic_directory(path: AnyPath, *, replace: bool = False) -> Iterator[pathlib.Path]:
+    """A directory ``path`` that appears complete or not at all.
 
-    The block writes its files into the temporary sibling directory it is given;
-    when the block ends, every file there is ``fsync``-ed and the directory renamed
-    to ``path``. If the block raises, the temporary directory is removed. A killed
-    process leaves only a temporary sibling, which :func:`remove_stale_temporaries`
-    removes.
+    The block writes into the temporary sibling it is given; when it ends, every
+    file there is ``fsync``-ed and the directory renamed to ``path``. With
+    ``replace``, an existing ``path`` is swapped out in one step (Linux
+    ``renameat2(RENAME_EXCHANGE)``): at every moment it holds the whole old
+    directory or the whole new one. Where the swap is not offered, the old one is
+    moved aside, and back if the new one cannot move in. If the block raises, the
+    temporary is removed; a killed process leaves only temporary siblings, which
+    :func:`remove_stale_temporaries` removes.
 
     Args:
-        path: The directory to create; it must not exist.
+        path: The directory to write.
+        replace: Replace an existing ``path``; otherwise it must not exist.
 
     Yields:
         The temporary directory to write into.
 
     Raises:
-        FileExistsError: if ``path`` exists (checked before anything is written).
+        FileExistsError: if ``path`` exists and ``replace`` is false (checked
+            before anything is written).
+        ReplaceError: if the new directory could not be moved in nor the old one
+            back; the message says where both are.
     """
     target = pathlib.Path(path)
-    if os.path.lexists(target):
+    if os.path.lexists(target) and not replace:
         raise FileExistsError(f"{str(target)!r} exists; not replacing it")
     target.parent.mkdir(parents=True, exist_ok=True)
     with stop_signals_deferred():
@@ -116,11 +127,85 @@ def atomic_directory(path: AnyPath) -> Iterator[pathlib.Path]:
                     with open(os.path.join(folder, name), "rb") as file:
                         os.fsync(file.fileno())
                 fsync_directory(pathlib.Path(folder))
-            os.rename(temporary, target)
+            _move_in(temporary, target)
+        except ReplaceError:
+            raise  # both directories are kept where the message says
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise
     fsync_directory(target.parent)
+
+
+class ReplaceError(OSError):
+    """A new directory could not be moved in, nor the old one back: both kept."""
+
+
+def _move_in(source: pathlib.Path, target: pathlib.Path) -> None:
+    # Moves the complete directory `source` to `target`, replacing what is there.
+    if not os.path.lexists(target):
+        os.rename(source, target)
+        return
+    if _exchange(source, target):  # source now holds the old directory
+        shutil.rmtree(source, ignore_errors=True)
+        return
+    # A directory cannot be renamed over a non-empty one.
+    old = temporary_sibling(target, "old.")
+    os.replace(target, old)
+    try:
+        os.replace(source, target)
+    except BaseException as error:
+        try:
+            os.replace(old, target)
+        except BaseException as restore_error:
+            raise ReplaceError(
+                f"{target}: the new directory could not be moved in ({error}), nor "
+                f"the old one back ({restore_error}): the old one is at {old}, the "
+                f"new one at {source}"
+            ) from error
+        raise OSError(
+            f"{target}: the new directory could not be moved in ({error}); {target} "
+            f"still holds the old one; the new one (at {source}) is removed"
+        ) from error
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _exchange(source: pathlib.Path, target: pathlib.Path) -> bool:
+    """Swaps two directories in one step (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    Returns:
+        ``False``, having changed nothing, where the system or file system does
+        not offer the swap.
+
+    Raises:
+        OSError: if the swap fails otherwise (nothing is changed then either).
+    """
+    renameat2 = _renameat2()
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2  # from <fcntl.h> and <linux/fs.h>
+    if renameat2(
+        at_fdcwd, os.fsencode(source), at_fdcwd, os.fsencode(target), rename_exchange
+    ):
+        code = ctypes.get_errno()
+        if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+            return False
+        raise OSError(code, os.strerror(code), str(source), None, str(target))
+    return True
+
+
+@functools.cache
+def _renameat2() -> Optional[Any]:
+    # Python has no os.renameat2; glibc 2.28+ has it.
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return None
+    int_, path = ctypes.c_int, ctypes.c_char_p
+    function.argtypes = [int_, path, int_, path, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
 
 
 class AtomicWriteError(OSError):

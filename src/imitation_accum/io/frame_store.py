@@ -2,14 +2,13 @@
 
 The manifest records each array's file, shape, dtype, size and SHA-256, plus
 metadata. Nothing is pickled: arrays are memory-mapped with ``allow_pickle=False``
-and read only from plain files inside the store's directory. A store is written in
-a temporary sibling directory (:mod:`imitation_accum.io.atomic`) renamed into place,
-or grown in place, each append writing only its new rows (:class:`Appender`).
+from plain files inside the store's directory. A store is written whole in a
+temporary directory swapped into place (:func:`write_store`), or grown in place,
+each append writing only its new rows (:class:`Appender`); both write the same
+files, whose fixed-size headers let the data stay put as rows are added.
 """
 
-import ctypes
 import errno
-import functools
 import hashlib
 import json
 import math
@@ -17,7 +16,6 @@ import os
 import pathlib
 import shutil
 import stat
-import sys
 from typing import Any, BinaryIO, Dict, Iterable, Mapping, Optional, Tuple
 
 import numpy as np
@@ -34,32 +32,25 @@ class StoreError(ValueError):
     """A store that cannot be read: missing, truncated, corrupt or of a new version."""
 
 
-class StoreReplaceError(OSError):
-    """A new store could not be moved into place, nor the old one back: both kept."""
+#: An array's full shape and dtype.
+ArrayType = Tuple[Tuple[int, ...], np.dtype]
 
 
 def write_store(
     path: AnyPath,
     arrays: Mapping[str, Iterable[np.ndarray]],
-    shapes: Mapping[str, Tuple[Tuple[int, ...], np.dtype]],
+    shapes: Mapping[str, ArrayType],
     metadata: Mapping[str, Any],
     env_id: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """Writes a store to directory ``path``, replacing any store there.
-
-    The store is written in a temporary sibling directory, then swapped in: at
-    every moment ``path`` holds the complete old store or the complete new one
-    (one ``renameat2(RENAME_EXCHANGE)`` on Linux; elsewhere the old store is
-    moved aside and back if the new one cannot be moved in).
+    """Writes a store to directory ``path``, replacing any store there, atomically.
 
     Args:
         path: The store's directory.
-        arrays: Per array name, its rows as consecutive blocks (written in turn,
-            never concatenated in memory).
+        arrays: Per array name, its rows as consecutive blocks (never concatenated).
         shapes: Per array name, its full shape and dtype.
         metadata: JSON-serializable metadata kept in the manifest.
-        env_id: The environment id recorded under the manifest's ``"env_id"``
-            key (left out if ``None``).
+        env_id: The environment id kept as the manifest's ``"env_id"`` (if any).
 
     Returns:
         The manifest written.
@@ -67,51 +58,32 @@ def write_store(
     Raises:
         FileExistsError: if ``path`` exists and is not a frame store (checked
             before anything is written).
-        OSError: if the new store cannot be moved into place; ``path`` then
-            holds the old store, or (:class:`StoreReplaceError`) the message says
-            where the old and the new store are.
+        OSError: as :func:`imitation_accum.io.atomic.atomic_directory`.
     """
     target = pathlib.Path(path)
-    _check_replaceable(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = atomic.temporary_sibling(target)
-    temporary.mkdir()
-    try:
-        entries = {}
-        for name, blocks in arrays.items():
-            shape, dtype = shapes[name]
-            with open(temporary / f"{name}.npy", "wb") as file:
-                header = {
-                    "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
-                    "fortran_order": False,
-                    "shape": tuple(shape),
-                }
-                np.lib.format.write_array_header_1_0(file, header)
-                entries[name] = _entry(name, blocks, shape, dtype, file)
-                atomic.fsync_file(file)
-        manifest = _manifest(entries, metadata, env_id)
-        with open(temporary / MANIFEST, "w") as file:
-            json.dump(manifest, file, indent=1, sort_keys=True)
-            atomic.fsync_file(file)
-        atomic.fsync_directory(temporary)
-        _replace_directory(temporary, target)
-    except StoreReplaceError:
-        raise  # the new store is kept where the message says
-    except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
-    return manifest
+    if os.path.lexists(target) and (
+        not target.is_dir()
+        or (not (target / MANIFEST).is_file() and any(target.iterdir()))
+    ):
+        raise FileExistsError(
+            f"{target} exists and is not a frame store; not replacing it"
+        )
+    with atomic.atomic_directory(target, replace=True) as temporary:
+        return Appender(temporary, None, {}).append(arrays, shapes, metadata, env_id)
 
 
 def describe(
     arrays: Mapping[str, Iterable[np.ndarray]],
-    shapes: Mapping[str, Tuple[Tuple[int, ...], np.dtype]],
+    shapes: Mapping[str, ArrayType],
     metadata: Mapping[str, Any],
 ) -> Dict[str, Any]:
     """The manifest :func:`write_store` would write for these arguments (no file)."""
-    entries = {
-        name: _entry(name, blocks, *shapes[name]) for name, blocks in arrays.items()
-    }
+    entries = {}
+    for name, blocks in arrays.items():
+        shape, dtype = shapes[name]
+        digest = hashlib.sha256()
+        n_bytes = _write_blocks(blocks, np.dtype(dtype), digest)
+        entries[name] = _entry(name, shape, dtype, n_bytes, digest)
     return _manifest(entries, metadata)
 
 
@@ -130,23 +102,13 @@ def _manifest(
 
 
 def _entry(
-    name: str,
-    blocks: Iterable[np.ndarray],
-    shape: Tuple[int, ...],
-    dtype: np.dtype,
-    file: Optional[BinaryIO] = None,
+    name: str, shape: Tuple[int, ...], dtype: np.dtype, n_bytes: int, digest: Any
 ) -> Dict[str, Any]:
-    dtype = np.dtype(dtype)
-    digest = hashlib.sha256()
-    n_bytes = _write_blocks(blocks, dtype, digest, file)
-    expected = int(np.prod(shape)) * dtype.itemsize
-    if file is not None and n_bytes != expected:
-        raise ValueError(f"{name}.npy: wrote {n_bytes} bytes, shape needs {expected}")
     return {
         "file": f"{name}.npy",
-        "shape": list(shape),
-        "dtype": dtype.str,
-        "bytes": expected,
+        "shape": [int(n) for n in shape],
+        "dtype": np.dtype(dtype).str,
+        "bytes": n_bytes,
         "sha256": digest.hexdigest(),
     }
 
@@ -166,95 +128,6 @@ def _write_blocks(
         digest.update(data)
         n_bytes += data.nbytes
     return n_bytes
-
-
-def _check_replaceable(target: pathlib.Path) -> None:
-    """Raises unless ``target`` is absent, an empty directory or a frame store."""
-    if not os.path.lexists(target):
-        return
-    if not target.is_dir() or (
-        not (target / MANIFEST).is_file() and any(target.iterdir())
-    ):
-        raise FileExistsError(
-            f"{target} exists and is not a frame store; not replacing it"
-        )
-
-
-def _replace_directory(source: pathlib.Path, target: pathlib.Path) -> None:
-    """Moves the complete store ``source`` to ``target``, replacing what is there."""
-    if not os.path.lexists(target):
-        os.replace(source, target)
-    elif _exchange(source, target):  # source now holds the old store
-        atomic.fsync_directory(target.parent)
-        shutil.rmtree(source, ignore_errors=True)
-        return
-    else:
-        # A directory cannot be renamed over a non-empty one: move the old store
-        # aside, move the new one in, and move the old one back if that fails.
-        old = atomic.temporary_sibling(target, "old.")
-        os.replace(target, old)
-        try:
-            os.replace(source, target)
-        except BaseException as error:
-            try:
-                os.replace(old, target)
-            except BaseException as restore_error:
-                raise StoreReplaceError(
-                    f"{target}: the new store could not be moved in ({error}), nor "
-                    f"the old one back ({restore_error}): the old store is at {old}, "
-                    f"the new one at {source}"
-                ) from error
-            raise OSError(
-                f"{target}: the new store could not be moved in ({error}); "
-                f"{target} still holds the old store; the new one (at {source}) "
-                "is removed"
-            ) from error
-        shutil.rmtree(old, ignore_errors=True)
-    atomic.fsync_directory(target.parent)
-
-
-def _exchange(source: pathlib.Path, target: pathlib.Path) -> bool:
-    """Swaps two directories in one step (Linux ``renameat2(RENAME_EXCHANGE)``).
-
-    Returns:
-        ``False``, having changed nothing, where the system or file system does
-        not offer the swap.
-
-    Raises:
-        OSError: if the swap fails otherwise (nothing is changed then either).
-    """
-    renameat2 = _renameat2()
-    if renameat2 is None:
-        return False
-    at_fdcwd, rename_exchange = -100, 2  # from <fcntl.h> and <linux/fs.h>
-    if renameat2(
-        at_fdcwd, os.fsencode(source), at_fdcwd, os.fsencode(target), rename_exchange
-    ):
-        code = ctypes.get_errno()
-        if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
-            return False
-        raise OSError(code, os.strerror(code), str(source), None, str(target))
-    return True
-
-
-@functools.cache
-def _renameat2() -> Optional[Any]:
-    # Python has no os.renameat2; glibc 2.28+ has it.
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return None
-    function.argtypes = [
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_uint,
-    ]
-    function.restype = ctypes.c_int
-    return function
 
 
 def read_manifest(path: AnyPath) -> Dict[str, Any]:
@@ -312,52 +185,91 @@ def open_array(
     """Memory-maps array ``name`` of the store at ``path``, read-only, after checks.
 
     ``manifest`` is the store's (:func:`read_manifest`); ``verify`` also checks the
-    SHA-256 (reads the whole file). Returns a read-only ``np.memmap`` (or empty array).
-    The file is opened once, without following a symbolic link, and mapped from
-    that descriptor: what was checked is what is mapped.
+    SHA-256 (reads the whole file). The file is opened once, without following a
+    symbolic link, and mapped from that descriptor: what was checked is mapped.
 
     Raises:
-        StoreError: naming the store and the entry or file, if the entry is
-            incomplete, the file missing, truncated, corrupt, of another shape or
-            dtype than recorded, not a plain file name inside the store, a
-            symbolic link or not a regular file.
+        StoreError: naming the file, if the entry is incomplete, the file missing,
+            truncated, corrupt, of another shape or dtype than recorded, not a
+            plain file inside the store, a symbolic link or not a regular file.
     """
-    directory = pathlib.Path(path)
-    file_name, shape, dtype, n_bytes, sha256 = _check_entry(directory, manifest, name)
+    return _open_checked(pathlib.Path(path), manifest, name, verify, None)[0]
+
+
+def _open_checked(
+    directory: pathlib.Path,
+    manifest: Mapping[str, Any],
+    name: str,
+    verify: bool,
+    source: Optional[str],
+) -> Tuple[np.ndarray, Any]:
+    """Array ``name``, checked, and the SHA-256 state of its data (if ``verify``).
+
+    ``source`` ``None``: a saved store, whose file holds its header and exactly the
+    recorded bytes. Else the committed rows of a grown store, as the manifest read
+    from ``source`` records them: the header is not read (an uncommitted append may
+    have rewritten it), the data start at :func:`append_header_bytes` and the file
+    may hold more.
+    """
+    file_name, shape, dtype, n_bytes, sha256 = _check_entry(
+        directory, manifest, name, source
+    )
     file_path = directory / file_name
+    recorder = source or "the manifest"
     with _open_plain(directory, file_name, f"array {name!r}") as file:
-        try:
-            version = np.lib.format.read_magic(file)
-            read_header = (
-                np.lib.format.read_array_header_1_0
-                if version == (1, 0)
-                else np.lib.format.read_array_header_2_0
-            )
-            header = read_header(file)
-            offset = file.tell()
-        except (OSError, ValueError) as error:
+        if source is None:
+            offset = _read_header(file, file_path, shape, dtype)
+        else:
+            offset = append_header_bytes(shape[1:], dtype)
+        size = os.fstat(file.fileno()).st_size - offset
+        if size < n_bytes or (source is None and size != n_bytes):
             raise StoreError(
-                f"{file_path}: not a readable .npy file ({error})"
-            ) from error
-        if header[0] != shape or header[2] != dtype or header[1]:
-            raise StoreError(
-                f"{file_path}: holds {header[2]} {header[0]}; the manifest records "
-                f"{dtype} {shape}"
+                f"{file_path}: {max(size, 0)} bytes of data, {recorder} records "
+                f"{n_bytes} ({'truncated' if size < n_bytes else 'corrupt'})"
             )
-        size = os.fstat(file.fileno()).st_size
-        if size != offset + n_bytes:
-            raise StoreError(
-                f"{file_path}: {size - offset} bytes of data, the manifest records "
-                f"{n_bytes} (truncated or corrupt)"
-            )
-        if verify and _file_digest(file, offset) != sha256:
-            raise StoreError(
-                f"{file_path}: SHA-256 differs from the manifest's (corrupt)"
-            )
+        digest = None
+        if verify:
+            digest = hashlib.sha256()
+            file.seek(offset)
+            left = n_bytes
+            while left:
+                block = file.read(min(left, 2**24))
+                if not block:
+                    raise StoreError(f"{file_path}: shorter than it was when opened")
+                digest.update(block)
+                left -= len(block)
+            if digest.hexdigest() != sha256:
+                raise StoreError(
+                    f"{file_path}: the SHA-256 of its first {n_bytes} bytes of data "
+                    f"differs from the one {recorder} records (corrupt)"
+                )
         if n_bytes == 0:
-            return np.empty(shape, dtype)
+            return np.empty(shape, dtype), digest
         # The map holds its own reference to the file; closing ours is safe.
-        return np.memmap(file, dtype=dtype, mode="r", offset=offset, shape=shape)
+        mapped = np.memmap(file, dtype=dtype, mode="r", offset=offset, shape=shape)
+        return mapped, digest
+
+
+def _read_header(
+    file: BinaryIO, file_path: pathlib.Path, shape: Tuple[int, ...], dtype: np.dtype
+) -> int:
+    """Checks a ``.npy`` header against the manifest's entry; where the data start."""
+    try:
+        version = np.lib.format.read_magic(file)
+        read_header = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
+        header = read_header(file)
+    except (OSError, ValueError) as error:
+        raise StoreError(f"{file_path}: not a readable .npy file ({error})") from error
+    if header[0] != shape or header[2] != dtype or header[1]:
+        raise StoreError(
+            f"{file_path}: holds {header[2]} {header[0]}; the manifest records "
+            f"{dtype} {shape}"
+        )
+    return file.tell()
 
 
 def _check_entry(
@@ -420,9 +332,12 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _open_plain(directory: pathlib.Path, file_name: str, what: str) -> BinaryIO:
-    """Opens ``directory / file_name`` for reading: a regular file, not a link.
+def _open_plain(
+    directory: pathlib.Path, file_name: str, what: str, write: bool = False
+) -> BinaryIO:
+    """Opens ``directory / file_name``: a regular file, not a link.
 
+    To read, or with ``write`` to read and write (created if missing).
     ``O_NOFOLLOW`` refuses a link in the open itself (no check-then-open race);
     ``O_NONBLOCK`` keeps a FIFO from blocking before ``fstat`` refuses it.
 
@@ -430,14 +345,15 @@ def _open_plain(directory: pathlib.Path, file_name: str, what: str) -> BinaryIO:
         StoreError: naming the file and the store.
     """
     path = directory / file_name
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    flags = (os.O_RDWR | os.O_CREAT) if write else os.O_RDONLY
+    flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     if path.is_symlink():  # where O_NOFOLLOW is missing, and for a clear message
         raise StoreError(
             f"{path}: {what} of the frame store {directory} is a symbolic link; "
             "it must be a plain file inside the store"
         )
     try:
-        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o666)
     except FileNotFoundError as error:
         raise StoreError(f"{path}: missing ({what} of {directory})") from error
     except OSError as error:
@@ -452,7 +368,7 @@ def _open_plain(directory: pathlib.Path, file_name: str, what: str) -> BinaryIO:
         raise StoreError(f"{path}: {what} of {directory} is not a regular file")
     if hasattr(os, "set_blocking"):
         os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+    return os.fdopen(fd, "r+b" if write else "rb")
 
 
 def _is_plain_name(file_name: Any) -> bool:
@@ -466,20 +382,17 @@ def _is_plain_name(file_name: Any) -> bool:
     )
 
 
-def _file_digest(file: BinaryIO, offset: int) -> str:
-    digest = hashlib.sha256()
-    file.seek(offset)
-    for block in iter(lambda: file.read(2**24), b""):
-        digest.update(block)
-    return digest.hexdigest()
-
-
 #: Metadata that says how a store is used, not what it holds (not fingerprinted).
 USAGE_METADATA = ("max_size",)
 
 
 def fingerprint_of(manifest: Mapping[str, Any]) -> str:
-    """A digest of a store's content: its arrays' digests and metadata (less usage)."""
+    """The fingerprint of preference data: a digest of a store's manifest.
+
+    Its arrays' shapes, dtypes and digests and its metadata, less
+    :data:`USAGE_METADATA` (and the ``env_id``, provenance). The package's one
+    fingerprint (:meth:`~imitation_accum.PreferenceDataset.fingerprint`).
+    """
     metadata = {
         key: value
         for key, value in manifest.get("metadata", {}).items()
@@ -527,18 +440,13 @@ def _npy_header(shape: Tuple[int, ...], dtype: np.dtype) -> bytes:
 class Appender:
     """Grows a frame store in place: each append writes only the rows added since.
 
-    The store is a frame store (``.npy`` files and ``manifest.json``, read by
-    :func:`open_array`) whose files have headers of :func:`append_header_bytes`, so
-    that their data start at the same place whatever rows they hold. What counts is
-    the *committed* manifest, which the caller records where it commits (a
-    checkpoint): :meth:`append` first cuts each file back to it, dropping the bytes
-    of an append that was cut short or never committed, then writes and ``fsync``-s
-    the new rows and returns the new manifest; :meth:`commit` makes that the
-    committed one. An array's SHA-256 covers all its data, yet each append hashes
-    only its new rows: the hash state of the committed data is kept.
-
-    A new store comes from :meth:`create`; one that a committed manifest describes,
-    from :func:`open_committed`, which hashes its data once.
+    What counts is the *committed* manifest, which the caller records where it
+    commits (a checkpoint): :meth:`append` cuts each file back to it (dropping an
+    append cut short or never committed), writes and ``fsync``-s the new rows and
+    returns the new manifest; :meth:`commit` makes that the committed one. Each
+    append hashes only its new rows, from the kept hash state of the committed
+    data. A new store comes from :meth:`create`; a committed one from
+    :func:`open_committed`.
 
     Args:
         path: The store's directory.
@@ -583,24 +491,24 @@ class Appender:
     def append(
         self,
         arrays: Mapping[str, Iterable[np.ndarray]],
-        shapes: Mapping[str, Tuple[Tuple[int, ...], np.dtype]],
+        shapes: Mapping[str, ArrayType],
         metadata: Mapping[str, Any],
         env_id: Optional[str] = None,
     ) -> Dict[str, Any]:
         """Appends rows to every array, after its committed rows; returns the manifest.
 
-        The manifest (also written to the store's ``manifest.json``) holds until
-        :meth:`commit`; another append before then replaces these rows.
+        The manifest (also written as ``manifest.json``) holds until :meth:`commit`;
+        another append before then replaces these rows.
 
         Args:
             arrays: Per array name, the new rows as consecutive blocks.
-            shapes: Per array name, its full shape (committed and new rows) and dtype.
+            shapes: Per array name, its full shape (all rows) and dtype.
             metadata: JSON-serializable metadata kept in the manifest.
-            env_id: The environment id recorded in the manifest (if not ``None``).
+            env_id: The environment id kept in the manifest (if any).
 
         Raises:
-            ValueError: if the arrays are not the committed ones, a row shape or
-                dtype differs from theirs, or the blocks do not fill the shape.
+            ValueError: if the arrays, a row shape or dtype differ from the committed
+                ones, or the blocks do not fill the shape.
         """
         manifest, hashes = self._committed
         committed = {} if manifest is None else manifest["arrays"]
@@ -625,7 +533,7 @@ class Appender:
             old_bytes = 0 if old is None else old["bytes"]
             digest = hashlib.sha256() if old is None else hashes[name].copy()
             header = _npy_header(shape, dtype)
-            with _open_for_append(file_path) as file:
+            with _open_plain(self.path, file_path.name, "array", write=True) as file:
                 file.truncate(len(header) + old_bytes)  # what no commit holds goes
                 file.seek(len(header) + old_bytes)
                 n_bytes = old_bytes + _write_blocks(blocks, dtype, digest, file)
@@ -637,13 +545,7 @@ class Appender:
                 file.seek(0)
                 file.write(header)
                 atomic.fsync_file(file)
-            entries[name] = {
-                "file": file_path.name,
-                "shape": list(shape),
-                "dtype": dtype.str,
-                "bytes": n_bytes,
-                "sha256": digest.hexdigest(),
-            }
+            entries[name] = _entry(name, shape, dtype, n_bytes, digest)
             new_hashes[name] = digest
         new_manifest = _manifest(entries, metadata, env_id)
         text = json.dumps(new_manifest, indent=1, sort_keys=True).encode()
@@ -672,81 +574,32 @@ def committed_bytes(manifest: Mapping[str, Any]) -> Dict[str, int]:
     }
 
 
-def _open_for_append(path: pathlib.Path) -> BinaryIO:
-    """Opens (creates) ``path`` to read and write: a regular file, not a link."""
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o666)
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise StoreError(f"{path}: a symbolic link, not an array file") from error
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise StoreError(f"{path}: not a regular file")
-    return os.fdopen(fd, "r+b")
-
-
 def open_committed(
     path: AnyPath, manifest: Any, source: str, names: Iterable[str]
 ) -> Tuple[Dict[str, np.ndarray], Appender]:
-    """Maps the arrays of a grown store as a committed manifest records them.
+    """Maps a grown store's arrays as a committed manifest records them.
 
-    Every committed byte is hashed and checked. The files may hold more (an
-    append cut short or never committed): it is not read, and the next append of
-    the returned :class:`Appender` cuts it off. Nothing is written. Headers are not
-    read (an uncommitted append may have rewritten them): the data start at
-    :func:`append_header_bytes`.
+    Every committed byte is hashed and checked; bytes after them (an append cut
+    short or never committed) are not read, and the returned appender's next
+    append cuts them off. Nothing is written.
 
     Args:
         path: The store's directory.
         manifest: The committed manifest (as :meth:`Appender.append` returned it).
         source: Where ``manifest`` was read from, for messages.
-        names: The arrays to open (the manifest must have an entry for each).
+        names: The arrays to open.
 
     Returns:
-        Per array name, a read-only ``np.memmap`` of its committed rows (or an
-        empty array); and an :class:`Appender` that appends after them.
+        Per array, a read-only map of its committed rows; an :class:`Appender`.
 
     Raises:
-        StoreError: naming the file, if it is missing, not a regular file, shorter
-            than the manifest records, or its committed bytes' SHA-256 differs;
-            naming ``source`` if the manifest is not one of this version.
+        StoreError: naming the file or ``source``, as :func:`open_array`.
     """
     directory = pathlib.Path(path)
     check_manifest(manifest, source)
     arrays, hashes = {}, {}
     for name in names:
-        file_name, shape, dtype, n_bytes, sha256 = _check_entry(
-            directory, manifest, name, source
+        arrays[name], hashes[name] = _open_checked(
+            directory, manifest, name, True, source
         )
-        offset = append_header_bytes(shape[1:], dtype)
-        file_path = directory / file_name
-        with _open_plain(directory, file_name, f"array {name!r}") as file:
-            size = os.fstat(file.fileno()).st_size
-            if size < offset + n_bytes:
-                raise StoreError(
-                    f"{file_path}: {max(size - offset, 0)} bytes of data, {source} "
-                    f"records {n_bytes} (truncated)"
-                )
-            digest = hashlib.sha256()
-            file.seek(offset)
-            left = n_bytes
-            while left:
-                block = file.read(min(left, 2**24))
-                if not block:
-                    raise StoreError(f"{file_path}: shorter than it was when opened")
-                digest.update(block)
-                left -= len(block)
-            if digest.hexdigest() != sha256:
-                raise StoreError(
-                    f"{file_path}: the SHA-256 of its first {n_bytes} bytes of data "
-                    f"differs from the one {source} records (corrupt)"
-                )
-            arrays[name] = (
-                np.memmap(file, dtype=dtype, mode="r", offset=offset, shape=shape)
-                if n_bytes
-                else np.empty(shape, dtype)
-            )
-            hashes[name] = digest
     return arrays, Appender(directory, manifest, hashes)

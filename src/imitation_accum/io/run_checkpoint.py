@@ -1,25 +1,19 @@
 """Checkpoints of online runs: one directory per checkpoint, complete or absent.
 
-A run directory's checkpoints live in ``{log_dir}/checkpoints/resume/NNNNNN/`` (``N``
-counts completed iterations or rounds). Each is written in a temporary sibling and
-renamed into place (:func:`imitation_accum.io.atomic.atomic_directory`); its
-``checkpoint.json``, written last, records the experiment, the format version, the
-run's config and the size and SHA-256 of every other file. Once a checkpoint is in
-place the older ones are removed, so a process killed at any moment leaves the last
-complete checkpoint, and perhaps a temporary directory that is ignored (and removed
-by the next write).
+A run's checkpoints live in ``{log_dir}/checkpoints/resume/NNNNNN/`` (``N`` counts
+completed iterations or rounds), each written by
+:func:`imitation_accum.io.atomic.atomic_directory`. Its ``checkpoint.json``
+records the experiment, the format version, the run's config and the size and
+SHA-256 of every other file. Once a checkpoint is in place the older ones are
+removed: a process killed at any moment leaves the last complete checkpoint.
 
-A checkpoint may also depend on *shared* files that live beside the checkpoints, in
-a directory of ``checkpoints/resume/`` that successive checkpoints grow in place (the
-preference store, :class:`imitation_accum.io.frame_store.Appender`): its manifest's
-``"shared"`` table records each one's committed size (the file may be longer). A
-shared directory that the newest checkpoint does not name is removed with the older
-checkpoints.
+A checkpoint may also need *shared* files beside the checkpoints, in a directory
+that successive checkpoints grow in place (the preference store): the manifest's
+``"shared"`` table records each one's committed size (the file may be longer).
 
 ``resume_from`` names a run directory (its latest checkpoint), a checkpoint
-directory or its ``checkpoint.json``. A run directory that holds a run of the
-experiment but no checkpoint yet (stopped during its first iteration) resumes from
-the start, with the seed and config of its ``config.json``.
+directory or its ``checkpoint.json``. A run directory with no checkpoint yet
+resumes from the start, with the seed and config of its ``config.json``.
 """
 
 import dataclasses
@@ -71,6 +65,9 @@ class Checkpointing:
         seed: The run's seed (environments that cannot be saved restart from it).
         resume_from: A checkpoint directory to continue from, or ``None``.
         interval: Iterations (rounds) between checkpoints; the last one always.
+        trust_pickle: Load the pickles of a checkpoint other than its
+            environments (the adversarial replay buffer); they run any code
+            they hold.
     """
 
     log_dir: Optional[pathlib.Path]
@@ -78,6 +75,7 @@ class Checkpointing:
     seed: int
     resume_from: Optional[pathlib.Path] = None
     interval: int = 1
+    trust_pickle: bool = False
 
 
 def root(log_dir: AnyPath) -> pathlib.Path:
@@ -222,13 +220,11 @@ def write(
         command: The experiment's command that ran (``airl``, ``gail``).
         config: The run's config (JSON form, :func:`json_config`).
         write_files: Writes the checkpoint's files into the directory it is given
-            and returns plain values recorded in the manifest (``"metadata"``).
-            The manifest records every file's size, and the SHA-256 of those at
-            the top (a sub-directory's, a frame store's, checks its own). Under
-            the key :data:`SHARED`, the result may name files this checkpoint
-            needs outside it, written and ``fsync``-ed already: their paths
-            ``"DIRECTORY/FILE"`` in the checkpoints' root and the bytes committed
-            of each (the manifest's ``"shared"`` table).
+            and returns plain values kept as the manifest's ``"metadata"``; under
+            :data:`SHARED`, the files it needs outside it (``"DIRECTORY/FILE"`` in
+            the checkpoints' root, written and ``fsync``-ed) and their committed
+            bytes. The manifest records every file's size, and the SHA-256 of those
+            at the top (a frame store checks its own).
 
     Returns:
         The checkpoint's directory.
@@ -464,8 +460,3 @@ def locate(
         return Located(path, None, {}, config)
     manifest = read_manifest(checkpoints[-1], experiment, shown)
     return Located(path, checkpoints[-1], manifest, manifest["config"])
-
-
-def file_bytes(checkpoint: pathlib.Path, file_name: str) -> bytes:
-    """The content of a checkpoint's file (checked when the checkpoint was located)."""
-    return (checkpoint / file_name).read_bytes()

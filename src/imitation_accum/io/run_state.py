@@ -1,24 +1,23 @@
 """An online run's state beyond its reward trainer: agent, environments, generators.
 
-What :mod:`imitation_accum.io.training_state` does not hold and a preference-comparison
-or adversarial run needs to go on as if it had not stopped:
+What a preference-comparison or adversarial run needs to go on as if it had not
+stopped, written and read the same way for both (:func:`save_agent_and_environments`,
+:func:`restore_agent_and_environments`):
 
-- the SB3 agent, saved as SB3 saves it (``agent.zip``: policy, optimizer, timestep
-  counters, last observations) and restored into the agent the run built;
+- the SB3 agent as SB3 saves it (``agent.zip``), restored into the agent the run built;
 - the vector environment: each layer of the agent's ``VecEnv`` stack (reward and
   buffering wrappers, ``VecNormalize`` statistics, the ``DummyVecEnv`` with its
-  gymnasium environments) pickled together, so a resumed run steps on from the
-  same states. Objects the run rebuilds (layers, nets, the agent, ``Monitor`` log
-  files) are pickled by name and resolved to the new run's on load. Environments
-  that cannot be pickled (processes of a ``SubprocVecEnv``, emulators without
-  pickle support) are restarted from ``reset`` with a seed derived from the run's
-  seed and the iteration (:func:`reseed_environments`);
-- numpy generators by name, and the global generators (``random``, numpy's, torch's
-  CPU and CUDA ones) SB3 draws from.
+  gymnasium environments) pickled together (``environments.pkl``). Objects the run
+  rebuilds (layers, nets, the agent, ``Monitor`` log files) are pickled by name and
+  resolved to the new run's on load. Environments that cannot be pickled
+  (``SubprocVecEnv`` processes, emulators without pickle support) restart from
+  ``reset`` with a seed derived from the run's seed and the iteration or round;
+- numpy generators by name, and the global generators SB3 draws from.
 """
 
 import hashlib
 import io
+import pathlib
 import pickle
 import random
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -27,6 +26,8 @@ import numpy as np
 import torch as th
 from stable_baselines3.common import base_class, monitor, save_util, vec_env
 
+#: A checkpoint's files of the agent and of its environments.
+AGENT, ENVIRONMENTS = "agent.zip", "environments.pkl"
 #: SB3's Monitor (the name in its module may be swapped while a run starts).
 _MONITOR = monitor.Monitor
 #: Attributes of an SB3 agent's saved data left as the new agent has them.
@@ -138,18 +139,11 @@ def picklable_environments(venv: vec_env.VecEnv) -> Optional[str]:
 def save_environments(venv: vec_env.VecEnv, named: Mapping[str, Any]) -> bytes:
     """Pickles the state of every layer of ``venv`` (see the module's docstring).
 
-    Args:
-        venv: The agent's vector environment (``agent.get_env()``).
-        named: Other objects the layers refer to that a resumed run rebuilds (the
-            reward net, the agent), by name.
-
-    Returns:
-        The pickle.
+    ``named``: other objects the layers refer to that a run rebuilds, by name.
 
     Raises:
         TypeError: if ``venv`` cannot be saved (:func:`picklable_environments`).
-        pickle.PicklingError, AttributeError: if a layer holds something that
-            does not pickle.
+        pickle.PicklingError, AttributeError: if a layer holds what does not pickle.
     """
     reason = picklable_environments(venv)
     if reason is not None:
@@ -195,17 +189,63 @@ def derived_seed(seed: int, iteration: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
-def reseed_environments(
-    agent: base_class.BaseAlgorithm, venv: vec_env.VecEnv, seed: int
-) -> None:
-    """Restarts ``venv`` from ``reset`` with ``seed``, where it cannot be restored.
+def save_agent_and_environments(
+    directory: pathlib.Path, agent: base_class.BaseAlgorithm, named: Mapping[str, Any]
+) -> Optional[str]:
+    """Writes :data:`AGENT` and, where they pickle, :data:`ENVIRONMENTS`.
 
-    The agent resets the environments when it next learns (``_last_obs`` cleared);
-    the action space is seeded too.
+    Args:
+        directory: The checkpoint being written.
+        agent: The SB3 agent; its ``get_env()`` are the environments.
+        named: What the environments refer to that a run rebuilds, by name.
+
+    Returns:
+        ``None`` if the environments were saved, else why not.
     """
+    (directory / AGENT).write_bytes(save_agent(agent))
+    try:
+        saved = save_environments(_environments(agent), named)
+    except (TypeError, AttributeError, ValueError, pickle.PicklingError) as error:
+        return str(error)
+    (directory / ENVIRONMENTS).write_bytes(saved)
+    return None
+
+
+def _environments(agent: base_class.BaseAlgorithm) -> vec_env.VecEnv:
+    venv = agent.get_env()
+    if venv is None:
+        raise TypeError(f"the {type(agent).__name__} agent has no environments")
+    return venv
+
+
+def restore_agent_and_environments(
+    checkpoint: pathlib.Path,
+    agent: base_class.BaseAlgorithm,
+    named: Mapping[str, Any],
+    seed: int,
+) -> Optional[int]:
+    """Puts back what :func:`save_agent_and_environments` wrote into ``checkpoint``.
+
+    Environments it could not save restart from ``reset`` with ``seed`` (the
+    agent resets them when it next learns; the action space is seeded too).
+
+    Returns:
+        ``seed`` where the environments restarted, ``None`` where restored.
+
+    Raises:
+        ValueError: naming the checkpoint, if the agent or environments differ.
+    """
+    where = f"checkpoint {str(checkpoint)!r}"
+    restore_agent(agent, (checkpoint / AGENT).read_bytes(), where)
+    venv = _environments(agent)
+    if (checkpoint / ENVIRONMENTS).is_file():
+        saved = (checkpoint / ENVIRONMENTS).read_bytes()
+        restore_environments(venv, saved, named, where)
+        return None
     venv.seed(seed)
     venv.action_space.seed(seed)
     agent._last_obs = None
+    return seed
 
 
 def capture_generators(generators: Mapping[str, np.random.Generator]) -> Dict[str, Any]:

@@ -1,14 +1,14 @@
-"""A drop-in for imitation's ``PreferenceDataset`` that keeps every frame once.
+"""The frame store: imitation's ``PreferenceDataset``, each frame kept once.
 
 imitation keeps each fragment's observations, views into whole episodes that
 repeat each stacked frame ``k`` times. :meth:`PreferenceDataset.push` copies pairs
-into a few :class:`RowStore` arrays, frame stacks split into distinct frames
-(:class:`StackLayout`), evicts the oldest pairs beyond ``max_size`` and frees their
-frames; :meth:`~PreferenceDataset.save` writes a pickle-free, memory-mappable store
-(:mod:`imitation_accum.io.frame_store`), checked when loaded. Items read as
-imitation's (``TrajectoryWithRew`` fragments); ``infos`` are kept as JSON (numpy
-values round-trip, other objects as their ``repr``). The trainers gather frames
-from the arrays by id (:mod:`imitation_accum.preference.pair_table`).
+into :class:`RowStore` arrays, frame stacks split into distinct frames
+(:class:`StackLayout`), and evicts the oldest pairs beyond ``max_size``;
+:meth:`~PreferenceDataset.save` writes a pickle-free, memory-mappable store
+(:mod:`imitation_accum.io.frame_store`). Items read as imitation's; ``infos`` are
+kept as JSON (numpy values round-trip, other objects as their ``repr``). Each
+fragment is a row of the index, whose columns :class:`Column` names; the trainers
+gather frames by id (:mod:`imitation_accum.preference.pair_table`).
 
 Example:
     >>> from imitation_accum import PreferenceDataset  # doctest: +SKIP
@@ -19,6 +19,7 @@ Example:
 """
 
 import dataclasses
+import enum
 import json
 import pathlib
 import pickle
@@ -39,8 +40,20 @@ Fragment = types.Trajectory
 #: imitation's own class (``pc.PreferenceDataset`` is this package's under ``patch()``).
 ImitationPreferenceDataset = pc.PreferenceDataset
 
-# Columns of the per-fragment index.
-_OBS, _TRANS, _LENGTH, _TERMINAL, _FRAME, _HAS_REWS = range(6)
+
+class Column(enum.IntEnum):
+    """The columns of the fragment index (one int64 row per fragment)."""
+
+    OBS = 0  #: id of the fragment's first observation
+    TRANSITION = 1  #: id of its first transition (action and reward)
+    LENGTH = 2  #: its transitions
+    TERMINAL = 3  #: whether it ends its episode
+    FRAME = 4  #: id of its first frame
+    HAS_REWARDS = 5  #: whether it has rewards
+
+
+#: Columns of the fragment index.
+N_COLUMNS = len(Column)
 
 # The store's arrays, one per column of the dataset.
 _ARRAYS = (
@@ -59,15 +72,17 @@ _RowType = Tuple[Tuple[int, ...], np.dtype]
 
 #: Bytes per segment of appended rows (pages are touched only as rows fill them).
 SEGMENT_BYTES = 64 * 2**20
+#: Pairs copied at a time by :meth:`PreferenceDataset.of_pairs`.
+_PUSH_PAIRS = 256
 
 
 class RowStore:
     """Rows of one shape and dtype, addressed by an id that counts every append.
 
-    Rows live in segments of :data:`SEGMENT_BYTES`: appending never copies what is
-    stored, and dropping the oldest rows frees every segment they fill, so a
-    bounded dataset keeps bounded memory. A memory-mapped array is one read-only
-    segment. Ids held elsewhere stay valid when older rows are dropped.
+    Rows live in segments of :data:`SEGMENT_BYTES`: appending copies nothing
+    stored, and dropping the oldest rows frees the segments they fill (bounded
+    memory for a bounded dataset). A memory-mapped array is one read-only
+    segment. Ids stay valid when older rows are dropped.
 
     Args:
         row_shape: Shape of one row.
@@ -191,10 +206,9 @@ class StackLayout:
     """How observations split into frames.
 
     SB3's ``VecFrameStack`` concatenates the last ``k`` frames of ``c`` channels
-    on the last axis, oldest first, so observation ``t + 1`` is observation ``t``
-    shifted by one frame. Where that shift holds bit for bit, an observation
-    stores one new frame; elsewhere (an episode start, data that is not a stack)
-    all ``k``: decoding is exact whatever the data.
+    on the last axis, oldest first: observation ``t + 1`` is observation ``t``
+    shifted by one frame. Where that holds bit for bit, an observation stores one
+    new frame, elsewhere all ``k``: decoding is exact whatever the data.
 
     Attributes:
         obs_shape: Shape of one observation.
@@ -384,16 +398,16 @@ class PreferenceDataset(ImitationPreferenceDataset):
         """Fragment ``position`` (``2 * pair + side``), materialized."""
         cols = self._columns
         row = cols["fragments"].take(np.array([cols["fragments"].first + position]))[0]
-        length = int(row[_LENGTH])
-        obs = self.observations_at(np.arange(length + 1) + row[_OBS])
-        acts = cols["acts"].rows(row[_TRANS], row[_TRANS] + length)
-        terminal = bool(row[_TERMINAL])
+        length, first = int(row[Column.LENGTH]), row[Column.TRANSITION]
+        obs = self.observations_at(np.arange(length + 1) + row[Column.OBS])
+        acts = cols["acts"].rows(first, first + length)
+        terminal = bool(row[Column.TERMINAL])
         spans = cols["info_spans"]
         start, size = spans.take(np.array([spans.first + position]))[0]
         infos = self._infos(position, cols["infos"].rows(start, start + size))
-        if not row[_HAS_REWS]:
+        if not row[Column.HAS_REWARDS]:
             return types.Trajectory(obs=obs, acts=acts, infos=infos, terminal=terminal)
-        rews = cols["rews"].rows(row[_TRANS], row[_TRANS] + length)
+        rews = cols["rews"].rows(first, first + length)
         return types.TrajectoryWithRew(
             obs=obs, acts=acts, infos=infos, terminal=terminal, rews=rews
         )
@@ -415,11 +429,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
             ) from error
 
     def fragment_index(self, pairs: np.ndarray) -> np.ndarray:
-        """The store's index rows of pairs ``pairs``' fragments, ``(len(pairs), 2, 6)``.
-
-        Per pair and side: first observation id, first transition id, length,
-        terminal flag, first frame id and whether it has rewards.
-        """
+        """The index rows (:class:`Column`) of pairs ``pairs``: shape ``(n, 2, 6)``."""
         fragments = self._columns["fragments"]
         pairs = np.asarray(pairs, dtype=np.int64)
         ids = fragments.first + 2 * pairs[:, None] + np.arange(2)
@@ -520,7 +530,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
             "obs_frames": RowStore((layout.depth,), np.int64),
             "acts": RowStore(acts.shape[1:], acts.dtype),
             "rews": RowStore((), np.float32 if rews is None else rews.dtype),
-            "fragments": RowStore((6,), np.int64),
+            "fragments": RowStore((N_COLUMNS,), np.int64),
             "preferences": RowStore((), np.float32),
             "infos": RowStore((), np.uint8),
             "info_spans": RowStore((2,), np.int64),
@@ -538,9 +548,15 @@ class PreferenceDataset(ImitationPreferenceDataset):
         encoded = np.frombuffer(_encode_infos(frag.infos), dtype=np.uint8)
         info_id = cols["infos"].append(encoded)
         cols["info_spans"].append(np.array([[info_id, len(encoded)]], np.int64))
-        n, has_rews = len(frag.acts), rews is not None
-        row = [obs_id, trans_id, n, frag.terminal, frame_id, has_rews]
-        cols["fragments"].append(np.array([row], dtype=np.int64))
+        row = {
+            Column.OBS: obs_id,
+            Column.TRANSITION: trans_id,
+            Column.LENGTH: len(frag.acts),
+            Column.TERMINAL: frag.terminal,
+            Column.FRAME: frame_id,
+            Column.HAS_REWARDS: rews is not None,
+        }
+        cols["fragments"].append(np.array([[row[c] for c in Column]], np.int64))
 
     def _evict(self) -> None:
         if self.max_size is None or len(self) <= self.max_size:
@@ -553,10 +569,10 @@ class PreferenceDataset(ImitationPreferenceDataset):
         first_infos = cols["info_spans"].take(np.array([2 * first_pair]))[0, 0]
         cols["info_spans"].drop_before(2 * first_pair)
         cols["infos"].drop_before(first_infos)
-        cols["obs_frames"].drop_before(first[_OBS])
-        cols["acts"].drop_before(first[_TRANS])
-        cols["rews"].drop_before(first[_TRANS])
-        cols["frames"].drop_before(first[_FRAME])
+        cols["obs_frames"].drop_before(first[Column.OBS])
+        cols["acts"].drop_before(first[Column.TRANSITION])
+        cols["rews"].drop_before(first[Column.TRANSITION])
+        cols["frames"].drop_before(first[Column.FRAME])
 
     def _arrays(
         self, skip: Optional[Mapping[str, int]] = None
@@ -574,8 +590,8 @@ class PreferenceDataset(ImitationPreferenceDataset):
         }
         fragments = columns["fragments"].to_array(start["fragments"])
         if len(fragments):  # ids of observations, transitions and frames shift
-            shift = np.zeros(6, np.int64)
-            shift[[_OBS, _TRANS, _FRAME]] = [
+            shift = np.zeros(N_COLUMNS, np.int64)
+            shift[[Column.OBS, Column.TRANSITION, Column.FRAME]] = [
                 columns[name].first for name in ("obs_frames", "acts", "frames")
             ]
             fragments = fragments - shift
@@ -605,9 +621,6 @@ class PreferenceDataset(ImitationPreferenceDataset):
     def save(self, path: AnyPath, *, env_id: Optional[str] = None) -> None:
         """Writes the dataset as a frame store directory, atomically (see :meth:`load`).
 
-        ``path`` holds the old store until the new one is complete, then the new
-        one (see :func:`imitation_accum.io.frame_store.write_store`).
-
         Args:
             path: The store's directory (replaced if it holds a store).
             env_id: The environment the pairs come from (a gymnasium id), recorded
@@ -618,8 +631,7 @@ class PreferenceDataset(ImitationPreferenceDataset):
         Raises:
             ValueError: if the dataset is empty, or ``env_id`` is an empty string.
             TypeError: if ``env_id`` is not a string.
-            OSError: if the new store cannot be moved into place; the message
-                says where the old and the new store are.
+            OSError: as :func:`~imitation_accum.io.frame_store.write_store`.
         """
         if env_id is not None and not isinstance(env_id, str):
             raise TypeError(f"env_id={env_id!r} must be a string (or None)")
@@ -637,28 +649,25 @@ class PreferenceDataset(ImitationPreferenceDataset):
         self._source = directory
         self._env_id = env_id
 
-    @staticmethod
-    def load(path: AnyPath, verify: bool = True) -> "PreferenceDataset":
+    @classmethod
+    def load(cls, path: AnyPath, verify: bool = True) -> "PreferenceDataset":
         """Opens a store written by :meth:`save`, memory-mapped and read-only.
 
         Pairs pushed later go to memory. Every array is checked against its
-        recorded SHA-256 (the frames unless ``verify=False``), and the arrays
-        against each other.
+        SHA-256 (the frames unless ``verify=False``), and against each other.
 
         Args:
             path: The store's directory.
-            verify: Check the frames' SHA-256 too: reads every frame once, which
-                took 0.06% of one CPU training epoch on an Atari store
-                (``docs/frame_store.md``). ``False`` maps the frames unread.
+            verify: Check the frames' SHA-256 too (reads every frame once: a small
+                share of one training epoch, ``docs/frame_store.md``).
 
         Returns:
             The dataset, with ``max_size`` and :attr:`env_id` as saved.
 
         Raises:
-            imitation_accum.io.frame_store.StoreError: naming the store and the
-                file or manifest entry, if the store is missing, truncated,
-                corrupt, inconsistent, of another version, or names or links to
-                anything outside its directory.
+            imitation_accum.io.frame_store.StoreError: naming the file or manifest
+                entry, if the store is missing, truncated, corrupt, inconsistent,
+                of another version, or names or links to anything outside it.
         """
         directory = util.parse_path(path)
         manifest = frame_store.read_manifest(directory)
@@ -668,19 +677,46 @@ class PreferenceDataset(ImitationPreferenceDataset):
             )
             for name in _ARRAYS
         }
-        return PreferenceDataset._of_store(directory, manifest, arrays)
+        return cls._of_store(directory, manifest, arrays)
 
-    @staticmethod
+    @classmethod
+    def of_pairs(
+        cls, dataset: Any, max_size: Optional[int] = None
+    ) -> "PreferenceDataset":
+        """A new dataset holding the pairs of ``dataset``, pushed a block at a time.
+
+        Args:
+            dataset: imitation's ``PreferenceDataset`` (its ``max_size`` is kept
+                unless one is given), or items ``((fragment_1, fragment_2), p)``.
+            max_size: As the constructor's.
+
+        Raises:
+            ValueError: as :meth:`push`.
+        """
+        if isinstance(dataset, ImitationPreferenceDataset):
+            pairs = list(zip(dataset.fragments1, dataset.fragments2))
+            preferences = np.asarray(dataset.preferences, np.float32)
+            max_size = dataset.max_size if max_size is None else max_size
+        else:
+            items = [dataset[i] for i in range(len(dataset))]
+            pairs = [(item[0][0], item[0][1]) for item in items]
+            preferences = np.asarray([item[1] for item in items], np.float32)
+        copy = cls(max_size=max_size)
+        for start in range(0, len(pairs), _PUSH_PAIRS):
+            stop = start + _PUSH_PAIRS
+            copy.push(pairs[start:stop], preferences[start:stop])
+        return copy
+
+    @classmethod
     def _of_store(
+        cls,
         directory: pathlib.Path,
         manifest: Mapping[str, Any],
         arrays: Mapping[str, np.ndarray],
     ) -> "PreferenceDataset":
         """The dataset of a store's opened arrays, checked against each other."""
         layout = _check_store(directory, manifest, arrays)
-        dataset = PreferenceDataset(
-            max_size=manifest.get("metadata", {}).get("max_size")
-        )
+        dataset = cls(max_size=manifest.get("metadata", {}).get("max_size"))
         dataset._env_id = manifest.get("env_id")
         dataset._layout = layout
         dataset._columns = {name: RowStore.of_array(a) for name, a in arrays.items()}
@@ -691,12 +727,11 @@ class PreferenceDataset(ImitationPreferenceDataset):
     def append_to(self, store: frame_store.Appender) -> Optional[Dict[str, Any]]:
         """Appends the pairs pushed since ``store``'s committed ones; its new manifest.
 
-        Only the new rows of each array are written
-        (:meth:`imitation_accum.io.frame_store.Appender.append`); they hold once
-        ``store.commit()`` is called. A store only grows: if pairs were evicted
-        (``max_size``) since ``store`` began, or it holds rows this dataset did not
-        append, nothing is written and ``None`` is returned: append to a new store
-        then, which takes every pair.
+        Only the new rows are written (:meth:`~frame_store.Appender.append`); they
+        hold once ``store.commit()`` is called. A store only grows: if pairs were
+        evicted since ``store`` began, or it holds rows this dataset did not
+        append, nothing is written and ``None`` is returned (append to a new
+        store then).
 
         Raises:
             ValueError: if the dataset is empty.
@@ -717,39 +752,34 @@ class PreferenceDataset(ImitationPreferenceDataset):
         self._source = store.path
         return manifest
 
-    @staticmethod
+    @classmethod
     def open_committed(
-        path: AnyPath, manifest: Mapping[str, Any], source: str
+        cls, path: AnyPath, manifest: Mapping[str, Any], source: str
     ) -> Tuple["PreferenceDataset", frame_store.Appender]:
         """Opens a store grown by :meth:`append_to` as a committed manifest records it.
 
-        As :meth:`load` (memory-mapped, read-only, every array's SHA-256 and the
-        arrays against each other checked), but from ``manifest`` and only the
-        rows it commits (:func:`imitation_accum.io.frame_store.open_committed`).
-
-        Args:
-            path: The store's directory.
-            manifest: Its committed manifest, as :meth:`append_to` returned it.
-            source: Where ``manifest`` was read from, for messages.
+        As :meth:`load`, but only the rows ``manifest`` commits
+        (:func:`imitation_accum.io.frame_store.open_committed`, ``source`` naming it).
 
         Returns:
-            The dataset, and the store's appender: :meth:`append_to` it appends
-            the pairs pushed later.
+            The dataset, and the appender :meth:`append_to` grows the store with.
 
         Raises:
             imitation_accum.io.frame_store.StoreError: naming the file at fault.
         """
         directory = util.parse_path(path)
         arrays, store = frame_store.open_committed(directory, manifest, source, _ARRAYS)
-        dataset = PreferenceDataset._of_store(directory, manifest, arrays)
+        dataset = cls._of_store(directory, manifest, arrays)
         dataset._appending = (store, {name: 0 for name in _ARRAYS})
         return dataset, store
 
     def fingerprint(self) -> str:
-        """A hexadecimal SHA-256 of the content: pairs, preferences, every array.
+        """The one fingerprint of preference data: a SHA-256 of the content.
 
-        Equal for a dataset, the store saved from it and that store loaded; read
-        from the manifest of a store as loaded or saved, else hashed once per push.
+        :func:`~imitation_accum.io.frame_store.fingerprint_of` of the store's
+        manifest (another dataset's is that of :meth:`of_pairs`). Equal for a
+        dataset, the store saved from it and that store loaded; read from the
+        manifest of a store as loaded or saved, else hashed once per push.
         """
         if self._fingerprint is None:
             if not self._columns:
@@ -803,11 +833,7 @@ def _position(key: Any, n: int) -> int:
 
 
 class _SideFragments(Sequence[Fragment]):
-    """One side's fragments of a dataset, materialized on access.
-
-    imitation keeps ``fragments1`` and ``fragments2`` as lists; this view reads
-    as one, without keeping a fragment.
-    """
+    """One side's fragments, materialized on access (imitation keeps lists)."""
 
     def __init__(self, dataset: PreferenceDataset, side: int) -> None:
         self._dataset = dataset
@@ -837,8 +863,7 @@ def _check_store(
 ) -> StackLayout:
     """The store's stack layout, its arrays checked against each other.
 
-    So that no index read later points outside its array; each file has been
-    checked against the manifest already.
+    So that no index read later points outside its array.
 
     Raises:
         imitation_accum.io.frame_store.StoreError: naming the file at fault.
@@ -869,7 +894,7 @@ def _check_store(
             f"rows of {obs_frames.shape[1:]} frames, but {recorded} need "
             f"({layout.depth},)",
         )
-    if fragments.shape[1:] != (6,) or len(fragments) != 2 * len(prefs):
+    if fragments.shape[1:] != (N_COLUMNS,) or len(fragments) != 2 * len(prefs):
         raise fail(
             "fragments", f"shape {fragments.shape} does not index {len(prefs)} pairs"
         )
@@ -880,7 +905,8 @@ def _check_store(
     if len(obs_frames) and (obs_frames.min() < 0 or obs_frames.max() >= len(frames)):
         raise fail("obs_frames", f"frame index outside [0, {len(frames)})")
     if len(fragments):
-        obs, trans, length = fragments[:, 0], fragments[:, 1], fragments[:, 2]
+        obs, trans = fragments[:, Column.OBS], fragments[:, Column.TRANSITION]
+        length = fragments[:, Column.LENGTH]
         if (length < 1).any():
             raise fail("fragments", "a fragment with no transitions")
         if obs.min() < 0 or (obs + length + 1).max() > len(obs_frames):
@@ -1006,20 +1032,12 @@ class _ImitationUnpickler(pickle.Unpickler):
 def read_imitation_pickle(path: AnyPath, name: str) -> ImitationPreferenceDataset:
     """Loads what imitation's ``PreferenceDataset.save`` wrote (a trusted pickle).
 
-    Loading a pickle runs any code it holds: only for files you trust. Under
-    ``patch()`` too, the dataset comes back as imitation's class.
-
-    Args:
-        path: The pickle file.
-        name: How error messages name it.
-
-    Returns:
-        imitation's dataset.
+    Loading a pickle runs any code it holds. The dataset comes back as imitation's
+    class, also under ``patch()``; ``name`` names the file in messages.
 
     Raises:
-        ValueError: naming ``name`` if the file does not unpickle, or holds
-            something other than imitation's ``PreferenceDataset``; if it is a
-            directory, saying how to load that.
+        ValueError: naming ``name`` if the file does not unpickle to imitation's
+            ``PreferenceDataset``, or is a directory (saying how to load that).
     """
     if util.parse_path(path).is_dir():
         raise ValueError(

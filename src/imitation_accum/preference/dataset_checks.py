@@ -1,13 +1,12 @@
 """Whole-dataset checks of preference pairs against an environment's spaces.
 
-``CrossEntropyRewardTrainer.train`` runs them (against its reward net's spaces)
-before the first step, as the offline experiment does (against the environment's),
-so that a bad pair is named by its index before any parameter changes: an item
-that is not a pair of trajectories, observations or actions of another shape, not
-one more observation than actions, actions of the wrong dtype or out of range,
-NaN observations, a preference outside [0, 1]. The checks work on whole arrays: a
-frame store's gathered actions, or the fragments' arrays concatenated in blocks.
-Integer observations (Atari frames) cannot be NaN and are not read.
+Run before the first step (by ``CrossEntropyRewardTrainer.train`` and the offline
+experiment), so that a bad pair is named by its index before any parameter
+changes: an item that is not a pair of trajectories, observations or actions of
+another shape, not one more observation than actions, actions of the wrong dtype
+or out of range, NaN observations, a preference outside [0, 1]. The checks work
+on whole arrays, a block at a time; integer observations (Atari frames) cannot be
+NaN and are not read.
 """
 
 import collections
@@ -20,6 +19,8 @@ from imitation.data import types
 from torch.utils import data as data_th
 
 from imitation_accum.preference.dataset import (
+    N_COLUMNS,
+    Column,
     ImitationPreferenceDataset,
     PreferenceDataset,
 )
@@ -225,13 +226,12 @@ def _store_problems(
 ) -> Problems:
     """The problems of pairs ``selection`` of a frame store, read from its arrays.
 
-    A store holds one observation shape, one action shape and dtype, and one more
-    observation than actions per fragment, by construction.
+    A store's pairs share one observation shape and one action shape and dtype.
     """
     problems: Problems = collections.defaultdict(list)
     if not len(selection):
         return problems
-    rows = store.fragment_index(selection).reshape(-1, 6)  # pairs, then sides
+    rows = store.fragment_index(selection).reshape(-1, N_COLUMNS)  # pairs, then sides
     keys = [(position, side) for position in range(len(selection)) for side in (0, 1)]
 
     def each_fragment(problem: str) -> None:
@@ -242,9 +242,9 @@ def _store_problems(
         starts = np.cumsum(counts) - counts
         return np.repeat(firsts - starts, counts) + np.arange(counts.sum())
 
-    lengths = rows[:, 2]
+    lengths = rows[:, Column.LENGTH]
     obs_shape = tuple(observation_space.shape or ())
-    first = store.observations_at(rows[:1, 0])
+    first = store.observations_at(rows[:1, Column.OBS])
     if tuple(first.shape[1:]) != obs_shape:
         each_fragment(
             f"has observations of shape {tuple(first.shape[1:])}, the "
@@ -252,7 +252,7 @@ def _store_problems(
         )
     elif np.issubdtype(first.dtype, np.floating):  # integer frames are not read
         counts = lengths + 1
-        obs_ids = ids(rows[:, 0], counts)
+        obs_ids = ids(rows[:, Column.OBS], counts)
         ends = np.cumsum(counts)
         for start, stop in _blocks(counts * first.nbytes):
             begin = ends[start] - counts[start]
@@ -260,7 +260,7 @@ def _store_problems(
             bad = _first_bad(values, counts[start:stop], None)
             for owner, step in bad.items():
                 problems[keys[start + owner]].append(_non_finite_message(step))
-    acts = store.actions_at(ids(rows[:, 1], lengths))
+    acts = store.actions_at(ids(rows[:, Column.TRANSITION], lengths))
     kind_problem = _action_kind_problem(acts.shape[1:], acts.dtype, action_space)
     if kind_problem is not None:
         each_fragment(kind_problem)

@@ -18,6 +18,8 @@ from imitation.data import types
 from torch.utils import data as data_th
 
 from imitation_accum.preference.dataset import (
+    N_COLUMNS,
+    Column,
     ImitationPreferenceDataset,
     PreferenceDataset,
 )
@@ -174,8 +176,9 @@ class StoredLayout(FragmentLayout):
 
     @classmethod
     def of_index(cls, store: PreferenceDataset, index: np.ndarray) -> "StoredLayout":
-        """Lays out the fragments of ``index`` rows (``fragment_index``'s columns)."""
-        lengths, terminal = index[:, 2], index[:, 3].astype(bool)
+        """Lays out the fragments of ``index`` rows (:class:`Column`)."""
+        lengths = index[:, Column.LENGTH]
+        terminal = index[:, Column.TERMINAL].astype(bool)
         base = FragmentLayout.from_arrays((), lengths, terminal)
         positions = base.positions()
         return cls(
@@ -183,8 +186,8 @@ class StoredLayout(FragmentLayout):
             base.offsets,
             base.dones,
             store,
-            np.repeat(index[:, 0], lengths) + positions,
-            np.repeat(index[:, 1], lengths) + positions,
+            np.repeat(index[:, Column.OBS], lengths) + positions,
+            np.repeat(index[:, Column.TRANSITION], lengths) + positions,
         )
 
     def gather(self, start: int, stop: int, next_obs: bool = True) -> Inputs:
@@ -254,7 +257,7 @@ class StoredPreferenceTable(PreferenceTable):
     """The pairs of a frame store (``pairs`` is empty: layouts read the store).
 
     Attributes:
-        index: Per pair and side, the store's fragment index row, ``(n, 2, 6)``.
+        index: Per pair and side, the store's index row (:class:`Column`).
     """
 
     store: PreferenceDataset
@@ -262,17 +265,18 @@ class StoredPreferenceTable(PreferenceTable):
 
     def first_obs(self) -> np.ndarray:
         """The first observation of the first fragment (shape and dtype)."""
-        return self.store.observations_at(self.index[0, 0, :1])
+        return self.store.observations_at(self.index[0, 0, [Column.OBS]])
 
     def _laid_out(self, indices: np.ndarray, sides: List[int]) -> FragmentLayout:
-        rows = self.index[indices][:, sides].reshape(-1, 6)
+        rows = self.index[indices][:, sides].reshape(-1, N_COLUMNS)
         return StoredLayout.of_index(self.store, rows)
 
     def rewards(self) -> Optional[np.ndarray]:
         """Every transition's reward, fragments ``[a0, b0, a1, ...]`` end to end."""
-        if not self.index[..., 5].all():
+        if not self.index[..., Column.HAS_REWARDS].all():
             return None
-        layout = StoredLayout.of_index(self.store, self.index.reshape(-1, 6))
+        rows = self.index.reshape(-1, N_COLUMNS)
+        layout = StoredLayout.of_index(self.store, rows)
         return self.store.rewards_at(layout.transition_ids)
 
 
@@ -281,8 +285,8 @@ def _read_store(dataset: PreferenceDataset, selection: np.ndarray) -> Preference
     return StoredPreferenceTable(
         (),
         dataset.preferences.astype(np.float32)[selection],
-        index[..., 2].copy(),
-        index[..., 3].astype(bool),
+        index[..., Column.LENGTH].copy(),
+        index[..., Column.TERMINAL].astype(bool),
         dataset,
         index,
     )

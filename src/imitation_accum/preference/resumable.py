@@ -1,40 +1,30 @@
 """Preference comparisons that checkpoint every iteration and resume bit for bit.
 
 :class:`ResumablePreferenceComparisons` is imitation's ``PreferenceComparisons`` with a
-checkpoint (:mod:`imitation_accum.io.run_checkpoint`) written at the end of every
-iteration, and a ``train()`` that starts after the iterations a checkpoint holds. A
-checkpoint holds:
+checkpoint (:mod:`imitation_accum.io.run_checkpoint`) written after every iteration,
+and a ``train()`` that starts after the iterations a checkpoint holds:
 
-- ``state.pt`` (tensors and plain values, read with ``weights_only=True``): the
-  reward trainer's :class:`~imitation_accum.io.training_state.TrainingState` (net with
-  its norm statistics, optimizer, generator, regularizer; one per ensemble member
-  too), the iterations completed, the query schedule, every generator (trainer,
-  fragmenter, gatherer, agent trainer, exploration; ``random``, numpy's and torch's
-  global ones), which policy the exploration wrapper is on, the last reward loss;
-- ``agent.zip``: the SB3 agent as SB3 saves it, optimizer and counters included;
-- ``environments.pkl``: the agent's vector environment, every layer
-  (:func:`imitation_accum.io.run_state.save_environments`), where it pickles;
-- in ``checkpoint.json``'s metadata under ``"preferences"``: which store holds the
-  preference dataset and the store's manifest as of this checkpoint (each array's
-  rows and SHA-256). The store, ``checkpoints/resume/preferences.NNNNNN/`` (``N``:
-  the checkpoint that began it), lives beside the checkpoints and grows in place:
-  a checkpoint appends the pairs pushed since the last one
-  (:class:`imitation_accum.io.frame_store.Appender`). A resume reads the rows the
-  checkpoint commits, verified, and the next append cuts off what follows them.
-  A store only grows: where ``max_size`` evicted pairs, a new store takes all of
-  them (the whole dataset is written, as by ``save``).
+- ``state.pt`` (read with ``weights_only=True``): the reward trainer's
+  :class:`~imitation_accum.io.training_state.TrainingState` (one per ensemble member
+  too), the iterations done, the query schedule, every generator, which policy the
+  exploration wrapper is on, the last reward loss;
+- ``agent.zip`` and ``environments.pkl`` (:mod:`imitation_accum.io.run_state`);
+- under ``"preferences"`` in ``checkpoint.json``'s metadata: the store holding the
+  dataset and its manifest as of this checkpoint. The store,
+  ``checkpoints/resume/preferences.NNNNNN/``, lives beside the checkpoints and
+  grows in place (:class:`imitation_accum.io.frame_store.Appender`); a resume
+  reads the rows the checkpoint commits, verified. Where ``max_size`` evicted
+  pairs, a new store takes them all.
 
-A resumed run equals the uninterrupted one bit for bit where the environments were
-saved; elsewhere they restart from ``reset`` with a seed derived from the run's seed
-and the iteration, which is logged.
+Where the environments could not be saved, a resumed run restarts them from
+``reset`` with a seed derived from the run's seed and the iteration (logged).
 """
 
 import dataclasses
 import math
 import pathlib
-import pickle
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type, cast
 
 import numpy as np
 import torch as th
@@ -48,8 +38,6 @@ from imitation_accum.preference.dataset import PreferenceDataset
 #: The experiment whose checkpoints these are.
 EXPERIMENT = "train_preference_comparisons"
 _STATE = "state.pt"
-_AGENT = "agent.zip"
-_ENVIRONMENTS = "environments.pkl"
 _PREFERENCES = "preferences"
 
 
@@ -248,8 +236,18 @@ class ResumablePreferenceComparisons(pc.PreferenceComparisons):
         agent = self._agent()
         environments = "no agent"
         if agent is not None:
-            (directory / _AGENT).write_bytes(run_state.save_agent(agent))
-            environments = self._save_environments(agent, directory)
+            error = run_state.save_agent_and_environments(
+                directory, agent, self._shared()
+            )
+            if error is not None and self._unsaved_environments is None:
+                self.logger.warn(
+                    f"The environments cannot be saved ({error}): a resumed run "
+                    "restarts them from reset with a seed derived from the run's "
+                    "seed and the iteration, and is not bit-identical to an "
+                    "uninterrupted one"
+                )
+                self._unsaved_environments = error  # warned once a run
+            environments = "saved" if error is None else f"not saved: {error}"
         metadata = {"iteration": int(self._iteration), "environments": environments}
         if len(self.dataset):
             metadata.update(self._append_preferences(directory.parent))
@@ -287,23 +285,6 @@ class ResumablePreferenceComparisons(pc.PreferenceComparisons):
                 f"{store.path.name}/{file}": n for file, n in sizes.items()
             },
         }
-
-    def _save_environments(self, agent: Any, directory: pathlib.Path) -> str:
-        venv = agent.get_env()
-        try:
-            saved = run_state.save_environments(venv, self._shared())
-        except (TypeError, AttributeError, ValueError, pickle.PicklingError) as error:
-            if self._unsaved_environments is None:
-                self.logger.warn(
-                    f"The environments cannot be saved ({error}): a resumed run "
-                    "restarts them from reset with a seed derived from the run's "
-                    "seed and the iteration, and is not bit-identical to an "
-                    "uninterrupted one"
-                )
-            self._unsaved_environments = str(error)
-            return f"not saved: {error}"
-        (directory / _ENVIRONMENTS).write_bytes(saved)
-        return "saved"
 
     def _checkpoint(self, schedule: List[int]) -> None:
         log_dir = self.checkpointing.log_dir
@@ -354,16 +335,28 @@ class ResumablePreferenceComparisons(pc.PreferenceComparisons):
             training_state.restore_state(
                 member, training_state.TrainingState(**saved), checkpoint
             )
-        opened = open_preferences(checkpoint)
+        kind = type(self.dataset)  # the run's (patched scripts save its env_id)
+        opened = open_preferences(
+            checkpoint,
+            kind if issubclass(kind, PreferenceDataset) else PreferenceDataset,
+        )
         if opened is not None:
-            loaded, self._store = opened
-            vars(self.dataset).update(vars(loaded))
+            self.dataset, self._store = opened
         agent = self._agent()
+        iteration = int(state["iteration"])
         if agent is not None:
-            run_state.restore_agent(
-                agent, run_checkpoint.file_bytes(checkpoint, _AGENT), where
+            seed = run_state.restore_agent_and_environments(
+                checkpoint,
+                agent,
+                self._shared(),
+                run_state.derived_seed(self.checkpointing.seed, iteration),
             )
-            self._restore_environments(agent, checkpoint, where, state["iteration"])
+            if seed is not None:
+                self.logger.warn(
+                    f"{where} holds no environments (they could not be saved): "
+                    f"they restart from reset with seed {seed} (derived from the "
+                    f"run's seed {self.checkpointing.seed} and iteration {iteration})"
+                )
         exploring = state["exploring"]
         wrapper = getattr(self.trajectory_generator, "exploration_wrapper", None)
         if wrapper is not None and exploring is not None:
@@ -371,32 +364,17 @@ class ResumablePreferenceComparisons(pc.PreferenceComparisons):
                 wrapper._random_policy if exploring else wrapper.wrapped_policy
             )
         run_state.restore_generators(self._generators(), state["generators"], where)
-        self._iteration = int(state["iteration"])
+        self._iteration = iteration
         loss, accuracy = state["results"]
         self._results = (loss, accuracy)
         self.logger.log(f"Resumed from {checkpoint} after iteration {self._iteration}")
 
-    def _restore_environments(
-        self, agent: Any, checkpoint: pathlib.Path, where: str, iteration: int
-    ) -> None:
-        venv = agent.get_env()
-        if (checkpoint / _ENVIRONMENTS).is_file():
-            saved = run_checkpoint.file_bytes(checkpoint, _ENVIRONMENTS)
-            run_state.restore_environments(venv, saved, self._shared(), where)
-            return
-        seed = run_state.derived_seed(self.checkpointing.seed, iteration)
-        run_state.reseed_environments(agent, venv, seed)
-        self.logger.warn(
-            f"{where} holds no environments (they could not be saved): they restart "
-            f"from reset with seed {seed} (derived from the run's seed "
-            f"{self.checkpointing.seed} and iteration {iteration})"
-        )
-
 
 def open_preferences(
     checkpoint: pathlib.Path,
+    dataset_cls: Type[PreferenceDataset] = PreferenceDataset,
 ) -> Optional[Tuple[PreferenceDataset, frame_store.Appender]]:
-    """The preference dataset as checkpoint ``checkpoint`` holds it, and its store.
+    """The preference dataset (a ``dataset_cls``) as ``checkpoint`` holds it; its store.
 
     Memory-mapped and read-only; every byte the checkpoint commits is hashed and
     checked. Nothing is written: bytes after the committed ones (of a run stopped
@@ -418,6 +396,6 @@ def open_preferences(
         raise frame_store.StoreError(f"{source}: store {name!r} is not a store's name")
     if pathlib.PurePath(name).name != name or name in (".", ".."):
         raise frame_store.StoreError(f"{source}: store {name!r} is not a plain name")
-    return PreferenceDataset.open_committed(
+    return dataset_cls.open_committed(
         checkpoint.parent / name, record.get("manifest"), source
     )

@@ -16,9 +16,6 @@ import numpy as np
 
 from imitation_accum.preference.dataset import PreferenceDataset, read_imitation_pickle
 
-#: Pairs pushed at a time (bounds the encoder's temporary arrays).
-_PUSH_PAIRS = 256
-
 
 def convert(
     source: pathlib.Path, target: pathlib.Path, overwrite: bool = False
@@ -43,7 +40,6 @@ def convert(
     if not source.exists():
         raise ValueError(f"{source}: no such file")
     original = read_imitation_pickle(source, str(source))
-    dataset = PreferenceDataset(max_size=original.max_size)
     preferences = np.asarray(original.preferences, dtype=np.float32)
     outside = np.flatnonzero(~((preferences >= 0) & (preferences <= 1)))
     if len(outside):
@@ -51,12 +47,7 @@ def convert(
             f"{source}: pair {outside[0]} has preference {preferences[outside[0]]}, "
             f"outside [0, 1] ({len(outside)} of {len(preferences)} pairs are)"
         )
-    for start in range(0, len(original), _PUSH_PAIRS):
-        stop = min(start + _PUSH_PAIRS, len(original))
-        pairs = [
-            (original.fragments1[i], original.fragments2[i]) for i in range(start, stop)
-        ]
-        dataset.push(pairs, preferences[start:stop])
+    dataset = PreferenceDataset.of_pairs(original)
     dataset.save(target)
     return dataset
 

@@ -13,6 +13,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 import sacred
 
+from imitation_accum import _validation
 from imitation_accum.io import run_checkpoint
 
 #: Keys every online experiment's resumed run may change (logged when they do).
@@ -22,6 +23,7 @@ MAY_CHANGE = (
     "resume_from",
     "checkpoint_interval",
     "policy_evaluation.",
+    "trust_pickle",
 )
 
 
@@ -43,10 +45,13 @@ class Resumes:
     Attributes:
         experiment: The experiment's name (recorded in its checkpoints).
         may_change: Config keys a resumed run may change (``"a."``: all under a).
+        pickled: Checkpoint files that are pickles, loaded only with the
+            ``trust_pickle`` key.
     """
 
     experiment: str
     may_change: Sequence[str]
+    pickled: Sequence[str] = ()
 
     def locate(self, resume_from: Any) -> run_checkpoint.Located:
         """The checked checkpoint (or run) ``resume_from`` names."""
@@ -81,6 +86,9 @@ class Resumes:
         Also of this command (``airl`` does not resume ``gail``). Keys that may
         change and do are logged.
         """
+        trusted = bool(self.pickled) and _validation.boolean(
+            "trust_pickle", config["trust_pickle"]
+        )
         resume_from = config["resume_from"]
         if resume_from is None:
             return {}
@@ -92,6 +100,13 @@ class Resumes:
             raise ValueError(
                 f"{shown} is a checkpoint of the {command!r} command, not of "
                 f"{command_name!r}: resume it with {command!r}"
+            )
+        pickles = [f for f in self.pickled if f in located.manifest.get("files", {})]
+        if pickles and not trusted:
+            raise ValueError(
+                f"{shown} holds {', '.join(pickles)}, a pickle, and loading a "
+                "pickle runs any code it holds: set trust_pickle=True if you trust "
+                "the checkpoint"
             )
         changed = run_checkpoint.compare_configs(
             located.config,
@@ -107,18 +122,30 @@ class Resumes:
 
 
 def add_resume(
-    ex: Any, experiment: str, may_change: Sequence[str] = MAY_CHANGE
+    ex: Any,
+    experiment: str,
+    may_change: Sequence[str] = MAY_CHANGE,
+    pickled: Sequence[str] = (),
 ) -> Resumes:
     """Gives ``ex`` (a ``PatchedExperiment``) the ``resume_from`` key and its checks.
+
+    With ``pickled`` (:attr:`Resumes.pickled`), also the ``trust_pickle`` key.
 
     Returns:
         What the main function asks (:func:`resumed_checkpoint`).
     """
-    resumes = Resumes(experiment, tuple(may_change))
+    resumes = Resumes(experiment, tuple(may_change), tuple(pickled))
 
     def resume_config() -> None:
         resume_from = None  # a run directory (or one of its checkpoints) to continue
         locals()  # quieten flake8
+
+    def trust_config() -> None:
+        trust_pickle = False  # resume_from: load its pickles (they run any code)
+        locals()  # quieten flake8
+
+    if pickled:
+        ex.config(trust_config)
 
     def check_resume(
         config: Dict[str, Any], command_name: str, logger: Any

@@ -38,7 +38,10 @@ train_adversarial_ex = experiment.derive(imitation_ex, doc=__doc__)
 ALGORITHMS = {"airl": imitation_accum.AIRL, "gail": imitation_accum.GAIL}
 #: ``resume_from``: its key, hooks and checks.
 RESUMES = resume.add_resume(
-    train_adversarial_ex, resumable.EXPERIMENT, (*resume.MAY_CHANGE, "show_config")
+    train_adversarial_ex,
+    resumable.EXPERIMENT,
+    (*resume.MAY_CHANGE, "show_config"),
+    pickled=(resumable.REPLAY_BUFFER,),
 )
 
 
@@ -54,6 +57,7 @@ def _train(
         seed=int(_run.config["seed"]),
         resume_from=resume.resumed_checkpoint(RESUMES, resume_from, _run),
         interval=max(interval, 1),
+        trust_pickle=bool(_run.config["trust_pickle"]),
     )
     algo_cls = functools.partial(
         resumable.resumable_class(ALGORITHMS[command]),

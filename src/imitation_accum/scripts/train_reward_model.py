@@ -9,7 +9,8 @@ Example::
 
 The dataset is a frame store (:meth:`imitation_accum.PreferenceDataset.save`) or
 imitation's pickle (``save_preferences=True``), read only with ``trust_pickle=True``
-(``python -m imitation_accum.scripts.convert_preferences IN.pkl OUT`` converts one).
+and copied into a frame store in memory (``python -m
+imitation_accum.scripts.convert_preferences IN.pkl OUT`` converts one once).
 A seeded share of the pairs is held out and evaluated after every epoch. The training
 state is checkpointed atomically to ``{log_dir}/checkpoints/training_state.pt``
 (continue with ``resume_from=...``), the reward net saved as imitation saves it, to
@@ -53,7 +54,6 @@ from imitation_accum import _validation, checkpoint, distributed
 from imitation_accum.engine import arguments as engine_arguments
 from imitation_accum.preference import dataset_checks
 from imitation_accum.preference.dataset import (
-    ImitationPreferenceDataset,
     PreferenceDataset,
     read_imitation_pickle,
 )
@@ -134,8 +134,6 @@ def train_defaults():  # noqa: D103  (a docstring would print in print_config)
     # torchrun: seconds to wait for the other ranks, then fail naming the missing
     collective_timeout_s = distributed.DEFAULT_COLLECTIVE_TIMEOUT_S
     resume_from = None  # a checkpoints/training_state.pt to continue from
-    # resume from a checkpoint that holds no dataset fingerprint (older files)
-    resume_unverified_dataset = False
     locals()  # quieten flake8
 
 
@@ -199,9 +197,6 @@ def _check_config(
     resume = config["resume_from"]
     if resume is not None and not pathlib.Path(resume).is_file():
         raise ValueError(f"resume_from={resume!r}: no such file")
-    _validation.boolean(
-        "resume_unverified_dataset", config["resume_unverified_dataset"]
-    )
     _check_regularizer(config["regularizer"])
     config_checks.check_reward_ingredient(config, "train_reward_model")
     config_checks.check_on_device(settings, "device", config["device"], trains, logger)
@@ -322,43 +317,6 @@ def _environment_id(configured: str, dataset: pc.PreferenceDataset) -> str:
     return configured
 
 
-def _hash_array(digest: "hashlib._Hash", value: Any) -> None:
-    array = np.ascontiguousarray(np.asarray(value))
-    digest.update(f"{array.dtype.str}{array.shape}".encode())
-    digest.update(array.tobytes())
-
-
-def dataset_fingerprint(dataset: Any, sampled_pairs: int = 8) -> str:
-    """A cheap fingerprint of ``dataset``'s contents (checked across ranks, on resume).
-
-    ``dataset.fingerprint()`` if it has one; else ``"sha256:"`` and the digest of
-    all preferences, every fragment's length (of ``fragments1`` and ``fragments2``,
-    if kept) and the observations and actions of ``sampled_pairs`` spread pairs.
-    """
-    own = getattr(dataset, "fingerprint", None)
-    if callable(own):
-        return str(own())
-    digest = hashlib.sha256()
-    n_pairs = len(dataset)
-    digest.update(f"pairs={n_pairs};".encode())
-    preferences = getattr(dataset, "preferences", None)
-    if preferences is None:
-        preferences = [dataset[i][1] for i in range(n_pairs)]
-    _hash_array(digest, np.asarray(preferences, dtype=np.float64))
-    for name in ("fragments1", "fragments2"):
-        fragments = getattr(dataset, name, None)
-        if fragments is not None:
-            _hash_array(digest, [len(f.acts) for f in fragments])
-    if n_pairs:
-        positions = np.linspace(0, n_pairs - 1, min(n_pairs, sampled_pairs))
-        for position in np.unique(positions.astype(int)):
-            pair, _ = dataset[int(position)]
-            for fragment in pair:
-                _hash_array(digest, fragment.obs)
-                _hash_array(digest, fragment.acts)
-    return f"sha256:{digest.hexdigest()}"
-
-
 def split_held_out(
     n_pairs: int, fraction: float, seed: int
 ) -> Tuple[np.ndarray, np.ndarray]:
@@ -377,17 +335,6 @@ def split_held_out(
         )
     order = np.random.default_rng(seed).permutation(n_pairs)
     return np.sort(order[n_held_out:]), np.sort(order[:n_held_out])
-
-
-def _subset(dataset: pc.PreferenceDataset, indices: np.ndarray) -> Any:
-    # The pairs `indices`, without copies (a store's Subset is read from the store).
-    if isinstance(dataset, PreferenceDataset):
-        return data_th.Subset(dataset, indices.tolist())
-    part = ImitationPreferenceDataset()
-    part.fragments1 = [dataset.fragments1[i] for i in indices]
-    part.fragments2 = [dataset.fragments2[i] for i in indices]
-    part.preferences = np.asarray(dataset.preferences, dtype=np.float32)[indices]
-    return part
 
 
 def _check_dataset(
@@ -442,12 +389,11 @@ def _check_resumable(
     metadata: Mapping[str, Any],
     path: str,
     *,
-    unverified_ok: bool,
     optimizer_cls: type,
     regularizer_kind: Optional[str],
-) -> Optional[str]:
+) -> None:
     # A checkpoint resumes only on the data and held-out split it was trained on,
-    # with the optimizer and regularizer it was saved with. Returns a warning.
+    # with the optimizer and regularizer it was saved with.
     configured = f"{optimizer_cls.__module__}.{optimizer_cls.__qualname__}"
     if state.optimizer_class != configured:
         raise ValueError(
@@ -464,24 +410,12 @@ def _check_resumable(
         )
     saved = state.metadata
     old, new = saved.get("dataset_fingerprint"), metadata["dataset_fingerprint"]
-    if old is None:
-        message = (
-            f"resume_from={path!r} holds no dataset fingerprint (it was written "
-            "before fingerprints were saved), so nothing shows that "
-            f"dataset_path={metadata['dataset_path']!r} holds the data it was "
-            "trained on"
-        )
-        if not unverified_ok:
-            raise ValueError(
-                f"{message}: set resume_unverified_dataset=True if you are sure"
-            )
-        return f"{message}; resuming as resume_unverified_dataset=True asks"
     if old != new:
         raise ValueError(
             f"resume_from={path!r} was trained on the data of "
             f"{saved.get('dataset_path', 'another file')!r} (fingerprint "
-            f"{old[:19]}), but dataset_path={metadata['dataset_path']!r} holds "
-            f"other data (fingerprint {new[:19]}): resume with the dataset the "
+            f"{str(old)[:16]}), but dataset_path={metadata['dataset_path']!r} holds "
+            f"other data (fingerprint {new[:16]}): resume with the dataset the "
             "checkpoint was trained on"
         )
     for key in ("dataset_pairs", "held_out_split"):  # not dataset_path: files move
@@ -491,7 +425,6 @@ def _check_resumable(
                 f"this run has {metadata[key]!r}: resume with the same "
                 "dataset_path, held_out_fraction and held_out_seed"
             )
-    return None
 
 
 def _apply_configured_optimizer(
@@ -575,7 +508,6 @@ def train_reward_model(
     device: str,
     checkpoint_interval: int,
     resume_from: Optional[str],
-    resume_unverified_dataset: bool,
     collective_timeout_s: float,
     environment: Mapping[str, Any],
     _seed: int,
@@ -603,18 +535,24 @@ def train_reward_model(
         # generator (the reward net's initial weights) is seeded from the run's seed.
         th.manual_seed(seed)
 
-        dataset = _load_dataset(dataset_path, trust_pickle)
-        gym_id = _environment_id(environment["gym_id"], dataset)
+        loaded = _load_dataset(dataset_path, trust_pickle)
+        gym_id = _environment_id(environment["gym_id"], loaded)
         config_checks.check_env_make_kwargs(gym_id, environment["env_make_kwargs"])
         env = gym.make(gym_id, **environment["env_make_kwargs"])
         env.close()  # only its spaces are read, as the reward ingredient reads a venv's
-        _check_dataset(dataset, env, dataset_path, gym_id)
-        fingerprint = dataset_fingerprint(dataset)
+        _check_dataset(loaded, env, dataset_path, gym_id)
+        dataset = (  # one path for the data, one fingerprint: a pickle is copied
+            loaded
+            if isinstance(loaded, PreferenceDataset)
+            else PreferenceDataset.of_pairs(loaded)
+        )
+        del loaded
+        fingerprint = dataset.fingerprint()
         distributed.check_same_on_every_rank(
             context,
             "the data",
             fingerprint,
-            shown=f"dataset_path={dataset_path!r}, fingerprint {fingerprint[:19]}",
+            shown=f"dataset_path={dataset_path!r}, fingerprint {fingerprint[:16]}",
             advice=": every rank must load the same dataset",
         )
         train_idx, held_out_idx = split_held_out(
@@ -638,15 +576,14 @@ def train_reward_model(
 
         net = reward.make_reward_net(env)
         _check_single_net(net)
-        state, warning = None, None
+        state = None
         if resume_from is not None:
             state = checkpoint.load_training_state(resume_from)
             checkpoint.check_fits(state, net, resume_from)
-            warning = _check_resumable(
+            _check_resumable(
                 state,
                 metadata,
                 resume_from,
-                unverified_ok=resume_unverified_dataset,
                 optimizer_cls=kwargs["optimizer_cls"],
                 regularizer_kind=regularizer["kind"],
             )
@@ -675,8 +612,6 @@ def train_reward_model(
         trainer.logger = custom_logger
         if state is not None:
             custom_logger.log(f"Resuming from {resume_from} after epoch {first_epoch}")
-            if warning is not None:
-                custom_logger.warn(warning)
             _apply_configured_optimizer(trainer, reward_trainer_kwargs, custom_logger)
 
         state_path = None
@@ -691,8 +626,9 @@ def train_reward_model(
                 )
                 checkpoint.save_training_state(captured, state_path)
 
-        train_set = _subset(dataset, train_idx)
-        held_out_set = _subset(dataset, held_out_idx)
+        # Subsets of the store (the trainer reads them from it, no copy).
+        train_set: Any = data_th.Subset(dataset, train_idx.tolist())
+        held_out_set: Any = data_th.Subset(dataset, held_out_idx.tolist())
         history: List[Dict[str, float]] = []
         for epoch in range(first_epoch + 1, epochs + 1):
             experiment.exit_if_stopped()
