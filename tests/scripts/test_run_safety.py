@@ -497,6 +497,11 @@ def test_interrupted_line_names_the_intact_checkpoint_and_the_resume_command(
         "Continue with: python -m imitation_accum.scripts.train_preference_comparisons"
         f" with seals_cartpole total_timesteps=2000 'resume_from={run_dir}'"
     )
+    # An AIRL/GAIL checkpoint holds its replay buffer as a pickle: the command
+    # resumes it with trust_pickle=True, which the resume otherwise refuses.
+    (run_checkpoint.root(run_dir) / "000002" / "replay_buffer.pkl").write_bytes(b"")
+    line = experiment.interrupted_line(ex, argv)
+    assert line.endswith(f" trust_pickle=True 'resume_from={run_dir}'")
 
 
 _WORKER_SIGINT = """

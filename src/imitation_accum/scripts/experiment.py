@@ -364,6 +364,11 @@ def interrupted_line(ex: sacred.Experiment, argv: Sequence[str]) -> str:
     words = [w for w in argv[1:] if not w.startswith("resume_from=")]
     if "with" not in words:
         words.append("with")
+    # AIRL/GAIL's replay buffer is a pickle: this run's own, so the command trusts it.
+    from imitation_accum.adversarial.resumable import REPLAY_BUFFER
+
+    if (intact / REPLAY_BUFFER).is_file() and "trust_pickle=True" not in words:
+        words.append("trust_pickle=True")
     program = f"python -m {__package__}.{pathlib.Path(argv[0]).stem}"
     command = shlex.join([*program.split(), *words, f"resume_from={resume_from}"])
     return f"Interrupted; checkpoint {intact} is intact. Continue with: {command}"
