@@ -180,7 +180,7 @@ def test_other_command_and_changed_config_are_refused(config, stopped, tmp_path)
     before = sorted(p.name for p in run_dir.rglob("*"))
     with pytest.raises(ValueError, match=r"replay_buffer\.pkl, a pickle.*trust_pickle"):
         resume(config, run_dir, trust_pickle=False)
-    with pytest.raises(ValueError, match="trust_pickle must be a bool"):
+    with pytest.raises(TypeError, match="trust_pickle must be a bool"):
         resume(config, run_dir, trust_pickle="yes")
     assert sorted(p.name for p in run_dir.rglob("*")) == before
     with pytest.raises(ValueError, match=r"checkpoint of the 'gail' command, not of"):
